@@ -1,0 +1,71 @@
+"""The one environment protocol every task suite implements (built-in toolworld, EnvScaler files, BFCL-v3).
+
+A `Task` names what to do; a `Suite` lists tasks per split and opens an `Episode` for a task. An episode
+starts from `initial_messages()` (system prompt with the tool schemas and the action format, then the user
+task), takes the assistant's action text through `step()`, answers with messages to append (tool
+observations, or the next user turn in multi-turn benchmarks) and says when it is done. `result()` gives the
+verifier's verdict: a reward in [0, 1], the per-check results and the compact action-result trace that the
+experience bank stores. Parse errors, unknown tools, bad arguments and tool exceptions are observations the
+model sees, never exceptions in the trainer; they are counted in `EpisodeResult`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from lopd_core.conversation import Message
+
+SPLITS = ("train", "eval")
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: str
+    env_id: str
+    split: str
+    instruction: str
+    tools: tuple[dict[str, Any], ...] = ()  # JSON schemas: {"name", "description", "parameters"}
+    suite: str = ""
+    difficulty: int | None = None  # number of calls the reference solution needs, where known
+    metadata: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass
+class StepResult:
+    messages: list[Message]  # to append after the assistant's action (tool observations / next user turn)
+    done: bool
+    event: str = "call"  # "call" | "finish" | "parse_error" | "unknown_tool" | "bad_args" | "tool_error" | "no_call"
+    n_calls: int = 0  # tool calls executed by this step
+
+
+@dataclass
+class EpisodeResult:
+    reward: float  # in [0, 1]
+    checks: list[dict[str, Any]] = field(default_factory=list)  # [{"name", "passed", "detail"}]
+    trace: str = ""  # compact action-result trace, observations omitted
+    n_calls: int = 0
+    n_errors: int = 0  # parse errors + unknown tools + bad arguments + tool exceptions
+    error_counts: dict[str, int] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Episode(Protocol):
+    task: Task
+
+    def initial_messages(self) -> list[Message]: ...
+
+    def step(self, action: str) -> StepResult: ...
+
+    def result(self) -> EpisodeResult: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Suite(Protocol):
+    name: str
+
+    def tasks(self, split: str) -> list[Task]: ...
+
+    def episode(self, task: Task) -> Episode: ...
