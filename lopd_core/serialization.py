@@ -107,6 +107,11 @@ class ChatSerializer:
             )
         self.placeholder_id = int(placeholder_id)
         probe = [Message("system", "s"), Message("user", "u")]
+        sample = [Message("system", "System text."), Message("user", "Some task?"), Message("assistant", "An answer.")]
+        scaffolds = self._scaffolds(sample)
+        joined = "".join(s + m.content for s, m in zip(scaffolds, sample, strict=False)) + scaffolds[-1]
+        if joined != self._render(sample):
+            raise ValueError("chat template rewrites message contents (e.g. strips or escapes them); not supported")
         plain = self._render(probe)
         with_prompt = self._render(probe, add_generation_prompt=True)
         if not with_prompt.startswith(plain):

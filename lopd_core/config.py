@@ -1,0 +1,102 @@
+"""Every hyperparameter of the method in one visible place, with the paper's defaults (app. A.1, §3.3, §4.1).
+
+    cfg = LOPDConfig()                              # paper defaults
+    cfg = LOPDConfig.from_yaml("configs/cpu.yaml")  # YAML overrides; unknown or bad fields are errors
+    cfg = LOPDConfig(top_m=10)                      # keyword overrides
+
+Where the paper is silent, the value is ours and the field's comment says so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+LLAMA_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> Any:
+        """Load from a YAML mapping (a missing file or a bad field is an error naming it)."""
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping of field: value, got {type(data).__name__}")
+        data.update(overrides)
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ValueError(f"{path}: invalid {cls.__name__}:\n{exc}") from None
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def flat(self, prefix: str = "") -> dict[str, Any]:
+        """Flattened `a.b: value` dict (for experiment trackers)."""
+        out: dict[str, Any] = {}
+        for key, value in self.model_dump(mode="json").items():
+            _flatten(out, f"{prefix}{key}", value)
+        return out
+
+
+def _flatten(out: dict[str, Any], key: str, value: Any) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(out, f"{key}.{k}", v)
+    else:
+        out[key] = value
+
+
+class LoraSpec(StrictModel):
+    r: int = Field(16, ge=1)  # ours: the paper does not state the LoRA rank
+    alpha: float = Field(32.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: tuple[str, ...] = LLAMA_LORA_TARGETS
+
+
+class LOPDConfig(StrictModel):
+    # ---- composer (§3.2, app. A.1)
+    n_retrieved: int = Field(3, ge=1)  # J
+    n_queries: int = Field(32, ge=1)  # K latent tokens per retrieved experience
+    qformer_layers: int = Field(8, ge=1)  # one block, weights shared across depth
+    qformer_ff_mult: int = Field(4, ge=1)
+    encoder_max_tokens: int = Field(1024, ge=16)  # ours: longer framed experiences are cut and counted
+    encoder_lora: LoraSpec = LoraSpec()
+    # ---- student
+    student_mode: Literal["lora", "full"] = "lora"  # full: a separate frozen teacher copy is kept
+    student_lora: LoraSpec = LoraSpec()
+    # ---- objective (eq. 9-13)
+    top_m: int = Field(20, ge=1)  # M
+    kl_support: Literal["teacher", "student"] = "teacher"  # whose top-M ids form the support S
+    margin_target: float = 0.05  # m
+    anchor_weight: float = Field(0.2, ge=0)  # lambda
+    anchor_reduction: Literal["sum", "mean"] = "sum"  # sum = paper's squared L2; mean = reference code
+    dual_lr: float = Field(0.5, ge=0)  # eta_beta
+    beta_init: float = Field(0.0, ge=0)  # beta_0
+    loss_normalization: Literal["token", "record"] = "token"  # token-weighted (eq. 12) or per-record mean
+    # ---- optimisation: one AdamW step over two parameter groups (Algorithm 1)
+    student_lr: float = Field(1e-5, gt=0)  # ours: the paper does not state it
+    composer_lr: float = Field(1e-5, gt=0)  # lr_phi
+    weight_decay: float = Field(0.01, ge=0)  # PyTorch's AdamW default, as in the reference code
+    grad_clip_student: float = Field(1.0, gt=0)  # ours
+    grad_clip_lora: float = Field(3.0, gt=0)  # encoder LoRA (reference config)
+    grad_clip_qformer: float = Field(30.0, gt=0)  # QFormer (reference config)
+    # ---- sequences and compute
+    max_seq_len: int = Field(40_960, ge=64)  # longer views are counted and left out of the loss
+    fail_on_overlength: bool = False  # raise instead of skipping over-length sequences
+    gradient_checkpointing: bool = False
+    head_chunk_size: int = Field(1024, ge=1)  # positions per chunk of the fused loss head
+    seed: int = 0
+
+    @property
+    def n_latents(self) -> int:
+        """J*K: the length of the teacher's placeholder span."""
+        return self.n_retrieved * self.n_queries

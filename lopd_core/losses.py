@@ -1,0 +1,123 @@
+"""LOPD's objective, term by term (paper §3.3, eq. 9-13), as readable logits-level functions.
+
+Every function takes logits already aligned with the token they score: `logits[b, t]` is the distribution
+for `tokens[b, t]`. Masks are 0/1 over supervised action tokens. These are the reference definitions; the
+train step computes the same quantities from hidden states in chunks (`lopd_core.loss_head`), and a test
+checks that both agree in values and gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def topm_bucket_logprobs(logits: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of the M+1 buckets (eq. 9): the M support ids, then one tail bucket with the rest.
+    (When S covers the whole vocabulary there is no tail and M buckets are returned.)
+
+    The tail is `logsumexp(logits outside S) - logsumexp(all logits)`: finite whenever any mass lies outside
+    S, with no log of a difference and no clamp. `logits` [..., V], `support` [..., M] -> [..., M+1].
+    """
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    inside = logits.gather(-1, support) - lse
+    if support.shape[-1] >= logits.shape[-1]:  # the support is the whole vocabulary: no tail bucket
+        return inside
+    outside = logits.scatter(-1, support, float("-inf"))
+    tail = torch.logsumexp(outside, dim=-1, keepdim=True) - lse
+    return torch.cat([inside, tail], dim=-1)
+
+
+def bucket_kl(student_buckets: torch.Tensor, teacher_buckets: torch.Tensor) -> torch.Tensor:
+    """KL(p̃S || p̃T) = sum_b pS_b (log pS_b - log pT_b) over the last dim; empty buckets contribute 0."""
+    ps = student_buckets.exp()
+    diff = student_buckets - teacher_buckets
+    return (ps * torch.where(ps > 0, diff, torch.zeros_like(diff))).sum(-1)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Token-weighted mean over the whole batch: sum(mask * v) / sum(mask); 0 when the mask is empty."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def topm_tail_reverse_kl(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor,
+    top_m: int = 20,
+    support: str = "teacher",
+) -> torch.Tensor:
+    """Distillation loss (eq. 9-10): reverse KL(p̃S || p̃T) on the top-M support plus a tail bucket.
+
+    The support S is the teacher's top-M ids at each position (detached); `support="student"` uses the
+    student's instead. Token-weighted mean over masked positions of the whole batch. Gradient reaches the
+    student through p̃S and the teacher's inputs (the composer's latents) through p̃T.
+    """
+    if support not in ("teacher", "student"):
+        raise ValueError(f"support must be 'teacher' or 'student', got {support!r}")
+    if top_m < 1:
+        raise ValueError(f"top_m must be >= 1, got {top_m}")
+    source = teacher_logits if support == "teacher" else student_logits
+    ids = source.detach().topk(min(top_m, source.shape[-1]), dim=-1).indices
+    kl = bucket_kl(topm_bucket_logprobs(student_logits, ids), topm_bucket_logprobs(teacher_logits, ids))
+    return masked_mean(kl, mask)
+
+
+def token_logprob(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Full-vocabulary log p(tokens) from aligned logits: [B, T, V], [B, T] -> [B, T]."""
+    return logits.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def token_privilege(teacher_logits: torch.Tensor, student_logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Privilege (eq. 11): delta = log pT(a) - stopgrad(log pS(a)) on the sampled token a, full vocabulary."""
+    return token_logprob(teacher_logits, tokens) - token_logprob(student_logits, tokens).detach()
+
+
+def advantages_from_rewards(rewards: torch.Tensor | list[float]) -> torch.Tensor:
+    """Trajectory verdict A = 2r - 1 in [-1, 1]; rewards outside [0, 1] are an error."""
+    r = torch.as_tensor(rewards, dtype=torch.float32)
+    if r.numel() and (not torch.isfinite(r).all() or r.min() < 0 or r.max() > 1):
+        raise ValueError(f"rewards must lie in [0, 1], got {r.tolist()}")
+    return 2.0 * r - 1.0
+
+
+def batch_margin(privilege: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Margin (eq. 12): Delta = sum(mask * A * delta) / sum(mask); `advantages` [B] broadcast over tokens."""
+    return masked_mean(advantages.to(privilege.dtype).unsqueeze(-1) * privilege, mask)
+
+
+def anchor_penalty(latents: torch.Tensor, cold_start_latents: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+    """Anchor (eq. 13): ||c_phi - sg(c_phi0)||^2 per task, averaged over the batch.
+
+    `latents` [B, J*K, d]. `reduction="sum"` is the paper's squared L2 norm over all J*K*d entries; "mean"
+    divides by J*K*d, as the reference code does (only for reproduction studies: it weakens lambda by J*K*d).
+    """
+    if latents.shape != cold_start_latents.shape:
+        raise ValueError(f"anchor: latents {tuple(latents.shape)} vs cold-start {tuple(cold_start_latents.shape)}")
+    sq = (latents - cold_start_latents.detach()).pow(2).flatten(1)
+    if reduction == "sum":
+        return sq.sum(-1).mean()
+    if reduction == "mean":
+        return sq.mean(-1).mean()
+    raise ValueError(f"anchor reduction must be 'sum' or 'mean', got {reduction!r}")
+
+
+def lagrangian(
+    distill: torch.Tensor, margin: torch.Tensor, anchor: torch.Tensor, beta: float, target: float, lam: float
+) -> torch.Tensor:
+    """Objective (eq. 13): L = distill + beta * (m - Delta) + lambda * anchor."""
+    return distill + beta * (target - margin) + lam * anchor
+
+
+def dual_step(beta: float, margin: float, target: float, lr: float) -> float:
+    """Projected dual ascent on beta (eq. 13): beta <- max(0, beta + eta * (m - Delta))."""
+    return max(0.0, float(beta) + lr * (target - float(margin)))
+
+
+def shift_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Causal-LM logits [B, T, V] (position t predicts t+1) -> aligned logits where [b, t] scores token t.
+
+    Position 0 has no predictor and gets uniform logits; give it mask 0.
+    """
+    return F.pad(logits[:, :-1], (0, 0, 1, 0))

@@ -1,0 +1,126 @@
+"""The models of one run: student, teacher and composer around one backbone (two in full fine-tuning).
+
+LoRA student (default): one backbone in memory carrying three adapters. "student" is the policy, "encoder"
+the composer's encoder, "anchor" the frozen cold-start copy of the encoder. The teacher is that backbone
+with every adapter disabled: the frozen base model, reading the latents spliced into its input embeddings.
+
+Full fine-tuning: the student is a separate trainable copy; the frozen backbone (teacher + composer
+adapters) stays as it was loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from lopd_core.adapters import AdapterSwitch, add_lora
+from lopd_core.composer import Composer, attach_composer_adapters
+from lopd_core.config import LOPDConfig
+from lopd_core.serialization import TokenBatch
+
+
+def splice_latents(embeds: torch.Tensor, latents: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """Replace each row's placeholder span [start, start + n) of input embeddings by its latents (torch.cat)."""
+    n = latents.shape[1]
+    rows = []
+    for b, start in enumerate(starts.tolist()):
+        if start < 0 or start + n > embeds.shape[1]:
+            raise ValueError(f"row {b}: latent span [{start}, {start + n}) outside the sequence of {embeds.shape[1]}")
+        rows.append(torch.cat([embeds[b, :start], latents[b].to(embeds.dtype), embeds[b, start + n :]]))
+    return torch.stack(rows)
+
+
+@dataclass
+class LOPDModels:
+    backbone: PreTrainedModel  # frozen base weights; carries the adapters
+    student: PreTrainedModel  # the backbone itself (LoRA) or a trainable copy (full)
+    tokenizer: PreTrainedTokenizerBase
+    switch: AdapterSwitch  # adapter state of the backbone
+    student_switch: AdapterSwitch  # the same object in LoRA mode
+    composer: Composer
+    cfg: LOPDConfig
+
+    @property
+    def student_adapter(self) -> str | None:
+        return "student" if self.cfg.student_mode == "lora" else None
+
+    def student_parameters(self) -> list[nn.Parameter]:
+        if self.cfg.student_mode == "lora":
+            return [p for n, p in self.backbone.named_parameters() if ".student." in n and "lora_" in n]
+        return [p for p in self.student.parameters() if p.requires_grad]
+
+    def composer_parameters(self) -> list[nn.Parameter]:
+        return self.composer.encoder_parameters() + list(self.composer.qformer.parameters())
+
+    @contextlib.contextmanager
+    def acting_student(self) -> Iterator[PreTrainedModel]:
+        """The student as a plain causal LM (e.g. for rollouts): its adapter live, the others off."""
+        with self.student_switch.use(self.student_adapter):
+            yield self.student
+
+    def student_hidden(self, batch: TokenBatch) -> torch.Tensor:
+        device = self.student.device
+        with self.student_switch.use(self.student_adapter):
+            out = self.student.model(
+                input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device), use_cache=False
+            )
+        return out.last_hidden_state
+
+    def teacher_hidden(self, batch: TokenBatch, latents: torch.Tensor | None) -> torch.Tensor:
+        device = self.backbone.device
+        ids = batch.input_ids.to(device)
+        embeds = self.backbone.get_input_embeddings()(ids)
+        if latents is not None:
+            if latents.shape[1] != batch.latent_len:
+                raise ValueError(f"{latents.shape[1]} latents for a placeholder span of {batch.latent_len}")
+            embeds = splice_latents(embeds, latents, batch.latent_start)
+        elif batch.latent_len:
+            raise ValueError("the teacher views have a placeholder span but no latents were given")
+        with self.switch.use(None):
+            out = self.backbone.model(
+                inputs_embeds=embeds, attention_mask=batch.attention_mask.to(device), use_cache=False
+            )
+        return out.last_hidden_state
+
+    def head_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(student lm-head weight, teacher lm-head weight)."""
+        return self.student.get_output_embeddings().weight, self.backbone.get_output_embeddings().weight
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        for switch in {id(self.switch): self.switch, id(self.student_switch): self.student_switch}.values():
+            switch.enable_checkpointing() if enabled else switch.disable_checkpointing()
+
+    def train(self) -> None:
+        self.backbone.train()
+        self.student.train()
+        self.composer.train()
+
+    def eval(self) -> None:
+        self.backbone.eval()
+        self.student.eval()
+        self.composer.eval()
+
+
+def build_models(backbone: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: LOPDConfig) -> LOPDModels:
+    """Freeze the backbone, attach the adapters for `cfg.student_mode`, and build the composer."""
+    backbone.requires_grad_(False)
+    if cfg.student_mode == "full":
+        student = copy.deepcopy(backbone).requires_grad_(True)
+    attach_composer_adapters(backbone, cfg)
+    if cfg.student_mode == "lora":
+        add_lora(backbone, "student", cfg.student_lora)
+        student = backbone
+    switch = AdapterSwitch(backbone)
+    student_switch = switch if student is backbone else AdapterSwitch(student)
+    composer = Composer(backbone, tokenizer, switch, cfg).to(backbone.device)
+    models = LOPDModels(backbone, student, tokenizer, switch, student_switch, composer, cfg)
+    for p in models.student_parameters() + models.composer_parameters():
+        p.requires_grad_(True)
+    models.set_gradient_checkpointing(cfg.gradient_checkpointing)
+    return models
