@@ -65,7 +65,7 @@ def run(backbone: str, batch: int, turns: int, reps: int, checkpointing: bool) -
     models.train()
 
     sb = ser.collate([ser.student_view(t) for t in trajs])
-    tb = ser.collate([ser.teacher_view(t, step.strategy.context(t)) for t in trajs])
+    tb = ser.collate([ser.teacher_view(t, c) for t, c in zip(trajs, step.strategy.contexts(trajs), strict=True)])
     rows, s_pos, t_pos, targets = aligned_action_positions(sb, tb)
     w_s, w_t = models.head_weights()
     tasks, retrieved = [t.task for t in trajs], [retrieve(t.task, t.task_id) for t in trajs]

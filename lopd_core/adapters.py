@@ -61,9 +61,13 @@ class AdapterSwitch:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
         self.state: str | None = None
-        self._apply(None)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-collect the LoRA layers (after adapters were added) and re-apply the current state."""
+        self.layers = [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)]
+        self._apply(self.state)
 
     def _apply(self, name: str | None) -> None:
         # Set the layers' fields directly: peft's set_adapter would also flip requires_grad on the others.

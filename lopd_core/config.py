@@ -62,7 +62,22 @@ class LoraSpec(StrictModel):
     target_modules: tuple[str, ...] = LLAMA_LORA_TARGETS
 
 
+class BaselineConfig(StrictModel):
+    """Knobs of the baselines (lopd_core.methods); LOPD ignores them."""
+
+    group_size: int = Field(8, ge=1)  # G rollouts per task (GRPO's group; SDPO's siblings)
+    clip_eps: float = Field(0.2, gt=0)  # GRPO's clipped ratio (PPO)
+    kl_coef: float = Field(0.0, ge=0)  # GRPO's k3 KL to the reference policy (DeepSeekMath used 0.04)
+    ppo_epochs: int = Field(1, ge=1)  # GRPO updates per batch (the clip is active from the second)
+    teacher_sync: Literal["default", "frozen", "ema"] = "default"  # default: the method's own (methods.py)
+    teacher_ema_rate: float = Field(0.01, gt=0, le=1)  # EMA teacher <- (1 - a) teacher + a student
+
+
+METHODS = ("lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo")
+
+
 class LOPDConfig(StrictModel):
+    method: Literal["lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo"] = "lopd"
     # ---- composer (§3.2, app. A.1)
     n_retrieved: int = Field(3, ge=1)  # J
     n_queries: int = Field(32, ge=1)  # K latent tokens per retrieved experience
@@ -95,6 +110,7 @@ class LOPDConfig(StrictModel):
     gradient_checkpointing: bool = False
     head_chunk_size: int = Field(1024, ge=1)  # positions per chunk of the fused loss head
     seed: int = 0
+    baseline: BaselineConfig = BaselineConfig()
 
     @property
     def n_latents(self) -> int:

@@ -21,15 +21,17 @@ from lopd_core.losses import bucket_kl, topm_bucket_logprobs
 
 @dataclass
 class HeadOutputs:
-    kl: torch.Tensor  # [N] bucket KL(p̃S || p̃T); grad to student and teacher hidden states
-    teacher_logp: torch.Tensor  # [N] log pT(a), full vocabulary; grad to teacher hidden states
-    student_logp: torch.Tensor  # [N] log pS(a), detached (the stop-gradient side of the privilege)
-    teacher_topm_mass: torch.Tensor  # [N] teacher probability mass on the support S, detached
+    student_logp: torch.Tensor  # [N] log pS(a), full vocabulary; grad to student hidden states (policy gradient)
+    kl: torch.Tensor | None = None  # [N] bucket KL(p̃S || p̃T); grad to student and teacher hidden states
+    teacher_logp: torch.Tensor | None = None  # [N] log pT(a), full vocabulary; grad to teacher hidden states
+    teacher_topm_mass: torch.Tensor | None = None  # [N] teacher probability mass on the support S, detached
 
     @property
     def privilege(self) -> torch.Tensor:
         """delta = log pT(a) - sg(log pS(a)) (eq. 11)."""
-        return self.teacher_logp - self.student_logp
+        if self.teacher_logp is None:
+            raise ValueError("no teacher side in these head outputs")
+        return self.teacher_logp - self.student_logp.detach()
 
 
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -53,8 +55,8 @@ def _chunk(
     buckets_t = topm_bucket_logprobs(logits_t, ids)
     kl = bucket_kl(topm_bucket_logprobs(logits_s, ids), buckets_t)
     teacher_logp = logits_t.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits_t, -1)
+    student_logp = logits_s.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits_s, -1)
     with torch.no_grad():
-        student_logp = logits_s.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits_s, -1)
         mass = buckets_t[:, : ids.shape[-1]].exp().sum(-1)
     return kl, teacher_logp, student_logp, mass
 
@@ -89,4 +91,19 @@ def distill_head(
         empty = h_student.new_zeros(0, dtype=torch.float32)
         return HeadOutputs(empty, empty, empty, empty)
     kl, teacher_logp, student_logp, mass = (torch.cat(x) for x in zip(*parts, strict=True))
-    return HeadOutputs(kl, teacher_logp, student_logp, mass)
+    return HeadOutputs(student_logp=student_logp, kl=kl, teacher_logp=teacher_logp, teacher_topm_mass=mass)
+
+
+def _logp_chunk(h: torch.Tensor, targets: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    logits = _at_least_fp32(h @ w.T)
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
+def token_logprobs(h: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
+    """log p(targets) [N] from hidden states [N, d] and an lm-head weight [V, d], chunked like `distill_head`."""
+    needs_grad = torch.is_grad_enabled() and (h.requires_grad or w.requires_grad)
+    parts = []
+    for start in range(0, targets.shape[0], chunk_size):
+        args = (h[start : start + chunk_size], targets[start : start + chunk_size], w)
+        parts.append(checkpoint(_logp_chunk, *args, use_reentrant=False) if needs_grad else _logp_chunk(*args))
+    return torch.cat(parts) if parts else h.new_zeros(0, dtype=torch.float32)

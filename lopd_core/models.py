@@ -72,7 +72,10 @@ class LOPDModels:
             )
         return out.last_hidden_state
 
-    def teacher_hidden(self, batch: TokenBatch, latents: torch.Tensor | None) -> torch.Tensor:
+    def teacher_hidden(
+        self, batch: TokenBatch, latents: torch.Tensor | None, adapter: str | None = None
+    ) -> torch.Tensor:
+        """The teacher: the frozen backbone (`adapter=None`: every adapter off) reading the spliced latents."""
         device = self.backbone.device
         ids = batch.input_ids.to(device)
         embeds = self.backbone.get_input_embeddings()(ids)
@@ -82,7 +85,7 @@ class LOPDModels:
             embeds = splice_latents(embeds, latents, batch.latent_start)
         elif batch.latent_len:
             raise ValueError("the teacher views have a placeholder span but no latents were given")
-        with self.switch.use(None):
+        with self.switch.use(adapter):
             out = self.backbone.model(
                 inputs_embeds=embeds, attention_mask=batch.attention_mask.to(device), use_cache=False
             )

@@ -1,35 +1,47 @@
-"""One joint training step (Algorithm 1, steps 2-8) on a batch of the student's own trajectories.
+"""One training step (Algorithm 1, steps 2-8) on a batch of the student's own trajectories, for any method.
 
-A method is a teacher-context strategy plus an objective; LOPD is `LatentContext` + `LOPDObjective`:
+A method is a teacher-context strategy plus an objective (`lopd_core.methods`); LOPD is `LatentContext` +
+`LOPDObjective`:
 
-    step = TrainStep(models, serializer, LatentContext(models.composer, retrieve, cfg), LOPDObjective(cfg), cfg)
+    strategy, objective = build_method(models, cfg, retrieve=bank_retriever)
+    step = TrainStep(models, serializer, strategy, objective, cfg, sink)
     metrics = step(trajectories)     # one optimizer update over (theta, phi), then the dual step on beta
 
-Inside: student forward (student adapter) -> compose latents from the top-J retrieved experiences (encoder
-adapter + QFormer) -> teacher forward ONCE with gradient (adapters off, latents spliced into the placeholder
-span) -> fused loss head over the aligned action tokens (top-M support from the teacher's detached logits)
--> objective -> one AdamW step over two parameter groups (student lr, composer lr) -> beta update.
-Failed rollouts and over-length sequences are left out of the loss and counted.
+Inside: student forward (student adapter) -> the strategy's teacher inputs (LOPD: latents from the encoder
+adapter + QFormer over the top-J retrieved experiences) -> teacher forward ONCE, with gradient when the
+teacher's side has trainable parameters (adapters off, latents spliced into the placeholder span) -> fused loss
+head over the aligned action tokens (top-M support from the teacher's detached logits) -> objective -> one
+AdamW step over two parameter groups (student lr, composer lr) -> the objective's and strategy's post-step
+updates (beta; an EMA teacher). Failed rollouts, over-length sequences and records without privileged
+context are left out of the loss and counted.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from lopd_core.composer import Composer
 from lopd_core.config import LOPDConfig
 from lopd_core.conversation import Trajectory
-from lopd_core.loss_head import HeadOutputs, distill_head
-from lopd_core.losses import advantages_from_rewards, anchor_penalty, dual_step, lagrangian
+from lopd_core.loss_head import HeadOutputs, distill_head, token_logprobs
+from lopd_core.losses import advantages_from_rewards
+from lopd_core.methods import (  # re-exported: the step's public vocabulary
+    DistillObjective,
+    LatentContext,
+    LOPDObjective,
+    NoContext,
+    Retriever,
+    TeacherInputs,
+    build_method,
+)
 from lopd_core.models import LOPDModels
-from lopd_core.serialization import ChatSerializer, TeacherContext, aligned_action_positions
+from lopd_core.serialization import ChatSerializer, aligned_action_positions
 
-Retriever = Callable[[str, str], list[str]]  # (task text, task id) -> up to J experience texts, never the task's own
+__all__ = ["DistillBatch", "LOPDObjective", "LatentContext", "MetricsSink", "Retriever", "TrainStep", "build_method"]
 
 
 class MetricsSink(Protocol):
@@ -37,33 +49,18 @@ class MetricsSink(Protocol):
 
 
 @dataclass
-class TeacherInputs:
-    latents: torch.Tensor | None = None  # [B, J*K, d] with gradient to the composer
-    cold_start_latents: torch.Tensor | None = None  # [B, J*K, d] anchor targets c_phi0
-
-
-class ContextStrategy(Protocol):
-    """What the teacher reads on top of the student's conversation."""
-
-    teacher_requires_grad: bool  # False when no trainable parameter sits on the teacher's side
-
-    def context(self, trajectory: Trajectory) -> TeacherContext | None: ...
-
-    def inputs(self, trajectories: Sequence[Trajectory]) -> TeacherInputs: ...
-
-
-class Objective(Protocol):
-    def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]: ...
-
-    def after_step(self, stats: Mapping[str, float]) -> None: ...
-
-
-@dataclass
 class DistillBatch:
     rows: torch.Tensor  # [N] record index of each supervised token
     n_records: int
-    advantages: torch.Tensor  # [B] A = 2r - 1
+    rewards: torch.Tensor  # [B] r in [0, 1]
+    groups: torch.Tensor  # [B] one id per task (GRPO's groups)
     teacher: TeacherInputs
+    old_logp: torch.Tensor | None = None  # [N] log-probs of the sampling policy (GRPO's ratio)
+
+    @property
+    def advantages(self) -> torch.Tensor:
+        """A = 2r - 1 (§3.3)."""
+        return advantages_from_rewards(self.rewards).to(self.rewards.device)
 
     def reduce(self, values: torch.Tensor, normalization: str) -> torch.Tensor:
         """Token-weighted mean over the batch (eq. 10, 12), or the mean over records of per-record means."""
@@ -71,59 +68,10 @@ class DistillBatch:
             return values.sum() / max(values.numel(), 1)
         per_record = torch.zeros(self.n_records, dtype=values.dtype, device=values.device)
         counts = torch.zeros_like(per_record)
-        per_record.index_add_(0, self.rows, values)
+        per_record = per_record.index_add(0, self.rows, values)
         counts.index_add_(0, self.rows, torch.ones_like(values))
         has = counts > 0
         return (per_record[has] / counts[has]).mean()
-
-
-class LatentContext:
-    """LOPD: the teacher reads J*K latents composed from the top-J retrieved successes (§3.2)."""
-
-    teacher_requires_grad = True
-
-    def __init__(self, composer: Composer, retrieve: Retriever, cfg: LOPDConfig) -> None:
-        self.composer = composer
-        self.retrieve = retrieve
-        self.cfg = cfg
-
-    def context(self, trajectory: Trajectory) -> TeacherContext:
-        return TeacherContext.latent(self.cfg.n_latents)
-
-    def inputs(self, trajectories: Sequence[Trajectory]) -> TeacherInputs:
-        tasks = [t.task for t in trajectories]
-        retrieved = [self.retrieve(t.task, t.task_id)[: self.cfg.n_retrieved] for t in trajectories]
-        latents = self.composer(tasks, retrieved)
-        return TeacherInputs(latents, self.composer.anchor_latents(tasks, retrieved))
-
-
-class LOPDObjective:
-    """L = distill + beta (m - Delta) + lambda anchor (eq. 13), then beta <- max(0, beta + eta (m - Delta))."""
-
-    def __init__(self, cfg: LOPDConfig) -> None:
-        self.cfg = cfg
-        self.beta = cfg.beta_init
-
-    def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        norm = self.cfg.loss_normalization
-        distill = batch.reduce(head.kl, norm)
-        margin = batch.reduce(batch.advantages[batch.rows] * head.privilege, norm)
-        t = batch.teacher
-        if t.latents is None or t.cold_start_latents is None:
-            raise ValueError("LOPDObjective needs latents and cold-start latents from the context strategy")
-        anchor = anchor_penalty(t.latents, t.cold_start_latents, self.cfg.anchor_reduction)
-        loss = lagrangian(distill, margin, anchor, self.beta, self.cfg.margin_target, self.cfg.anchor_weight)
-        stats = {"distill_kl": distill.item(), "margin": margin.item(), "anchor": anchor.item(), "beta": self.beta}
-        return loss, stats
-
-    def after_step(self, stats: Mapping[str, float]) -> None:
-        self.beta = dual_step(self.beta, stats["margin"], self.cfg.margin_target, self.cfg.dual_lr)
-
-    def state_dict(self) -> dict[str, float]:
-        return {"beta": self.beta}
-
-    def load_state_dict(self, state: Mapping[str, float]) -> None:
-        self.beta = float(state["beta"])
 
 
 class TrainStep:
@@ -131,8 +79,8 @@ class TrainStep:
         self,
         models: LOPDModels,
         serializer: ChatSerializer,
-        strategy: ContextStrategy,
-        objective: Objective,
+        strategy: NoContext,
+        objective: DistillObjective,
         cfg: LOPDConfig,
         sink: MetricsSink | None = None,
     ) -> None:
@@ -160,58 +108,69 @@ class TrainStep:
             "success_rate": _mean([float(t.reward >= 1.0) for t in usable]),
             "generations": float(sum(t.metadata.get("generations", 1) for t in trajectories)),
         }
-        views = []
-        for traj in usable:
+        contexts = self.strategy.contexts(usable)
+        views, n_over, n_no_context, over_ids = [], 0, 0, []
+        for traj, ctx in zip(usable, contexts, strict=True):
+            if ctx is None and self.strategy.requires_context:
+                n_no_context += 1
+                continue
             student = self.serializer.student_view(traj)
-            teacher = self.serializer.view(traj.messages, self.strategy.context(traj))
-            views.append((traj, student, teacher))
-        is_over = [self.serializer.is_overlength(s) or self.serializer.is_overlength(t) for _, s, t in views]
-        over = [v[0].task_id for v, flag in zip(views, is_over, strict=True) if flag]
-        if over and self.cfg.fail_on_overlength:
-            raise ValueError(f"{len(over)} sequences exceed max_seq_len={self.cfg.max_seq_len}: {over}")
-        kept = [v for v, flag in zip(views, is_over, strict=True) if not flag and v[1].n_action_tokens > 0]
-        metrics["n_overlength"] = float(len(over))
-        metrics["n_records"] = float(len(kept))
-        if not kept:
+            teacher = self.serializer.view(traj.messages, ctx)
+            if self.serializer.is_overlength(student) or self.serializer.is_overlength(teacher):
+                n_over += 1
+                over_ids.append(traj.task_id)
+            elif student.n_action_tokens > 0:
+                views.append((traj, student, teacher))
+        if over_ids and self.cfg.fail_on_overlength:
+            raise ValueError(f"{n_over} sequences exceed max_seq_len={self.cfg.max_seq_len}: {over_ids}")
+        metrics.update(n_overlength=float(n_over), n_no_context=float(n_no_context), n_records=float(len(views)))
+        if not views:
             return self._finish(metrics, t0, updated=False)
 
-        trajs = [v[0] for v in kept]
-        s_batch = self.serializer.collate([v[1] for v in kept])
-        t_batch = self.serializer.collate([v[2] for v in kept])
-        rows, s_pos, t_pos, targets = aligned_action_positions(s_batch, t_batch)
+        trajs = [v[0] for v in views]
+        s_batch = self.serializer.collate([v[1] for v in views])
+        t_batch = self.serializer.collate([v[2] for v in views])
         device = self.models.backbone.device
-        rows, s_pos, t_pos, targets = rows.to(device), s_pos.to(device), t_pos.to(device), targets.to(device)
+        rows, s_pos, t_pos, targets = (x.to(device) for x in aligned_action_positions(s_batch, t_batch))
+        task_ids = {tid: i for i, tid in enumerate(dict.fromkeys(t.task_id for t in trajs))}
+        rewards = torch.tensor([t.reward for t in trajs], device=device)
+        groups = torch.tensor([task_ids[t.task_id] for t in trajs], device=device)
 
         self.models.train()
-        h_student = self.models.student_hidden(s_batch)[rows, s_pos]
-        with torch.set_grad_enabled(self.strategy.teacher_requires_grad):
-            teacher_inputs = self.strategy.inputs(trajs)
-            h_teacher = self.models.teacher_hidden(t_batch, teacher_inputs.latents)[rows, t_pos]
-        w_student, w_teacher = self.models.head_weights()
-        head = distill_head(
-            h_student, h_teacher, targets, w_student, w_teacher, self.cfg.top_m, self.cfg.kl_support,
-            self.cfg.head_chunk_size,
-        )  # fmt: skip
-        batch = DistillBatch(
-            rows, len(kept), advantages_from_rewards([t.reward for t in trajs]).to(device), teacher_inputs
-        )
-        loss, stats = self.objective.loss(head, batch)
-
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        metrics.update(self._clip())
-        self.optimizer.step()
+        old_logp = None
+        for _ in range(self.objective.epochs):
+            h_student = self.models.student_hidden(s_batch)[rows, s_pos]
+            w_student, w_teacher = self.models.head_weights()
+            teacher_inputs = TeacherInputs()
+            if self.objective.needs_teacher:
+                with torch.set_grad_enabled(self.strategy.teacher_requires_grad):
+                    teacher_inputs = self.strategy.inputs(trajs)
+                    h_t = self.models.teacher_hidden(t_batch, teacher_inputs.latents, self.strategy.teacher_adapter)
+                    h_teacher = h_t[rows, t_pos]
+                head = distill_head(
+                    h_student, h_teacher, targets, w_student, w_teacher, self.cfg.top_m, self.cfg.kl_support,
+                    self.cfg.head_chunk_size,
+                )  # fmt: skip
+            else:
+                head = HeadOutputs(student_logp=token_logprobs(h_student, targets, w_student, self.cfg.head_chunk_size))
+            old_logp = head.student_logp.detach() if old_logp is None else old_logp
+            batch = DistillBatch(rows, len(views), rewards, groups, teacher_inputs, old_logp)
+            loss, stats = self.objective.loss(head, batch)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            metrics.update(self._clip())
+            self.optimizer.step()
         self.objective.after_step(stats)
+        self.strategy.after_step()
 
         metrics.update(stats)
-        metrics["beta_loss"] = stats.get("beta", 0.0)  # the beta this step's loss used
-        metrics.update(
-            loss=loss.item(),
-            privilege_mean=head.privilege.mean().item(),
-            teacher_topm_mass=head.teacher_topm_mass.mean().item(),
-            tail_mass=(1.0 - head.teacher_topm_mass).mean().item(),
-            n_action_tokens=float(targets.numel()),
-        )
+        metrics.update(loss=loss.item(), n_action_tokens=float(targets.numel()))
+        if head.teacher_logp is not None and head.teacher_topm_mass is not None:
+            metrics.update(
+                privilege_mean=head.privilege.mean().item(),
+                teacher_topm_mass=head.teacher_topm_mass.mean().item(),
+                tail_mass=(1.0 - head.teacher_topm_mass).mean().item(),
+            )
         if hasattr(self.objective, "beta"):
             metrics["beta"] = float(self.objective.beta)  # after the dual step
         return self._finish(metrics, t0, updated=True)
@@ -223,10 +182,12 @@ class TrainStep:
             "encoder_lora": (composer.encoder_parameters(), self.cfg.grad_clip_lora),
             "qformer": (list(composer.qformer.parameters()), self.cfg.grad_clip_qformer),
         }
-        return {
-            f"grad_norm_{name}": torch.nn.utils.clip_grad_norm_(params, limit).item()
-            for name, (params, limit) in groups.items()
-        }
+        out = {}
+        for name, (params, limit) in groups.items():
+            with_grad = [p for p in params if p.grad is not None]
+            if with_grad:
+                out[f"grad_norm_{name}"] = torch.nn.utils.clip_grad_norm_(with_grad, limit).item()
+        return out
 
     def _finish(self, metrics: dict[str, float], t0: float, updated: bool) -> dict[str, float]:
         metrics["updated"] = float(updated)

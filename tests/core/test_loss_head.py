@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lopd_core import losses as L
-from lopd_core.loss_head import distill_head
+from lopd_core.loss_head import distill_head, token_logprobs
 
 
 def case(seed, N=23, d=8, V=41, shared_head=False):
@@ -41,7 +41,18 @@ def test_head_matches_logits_level_functions(chunk, support, top_m):
     top = probs_t.topk(min(top_m, 41), dim=-1).values.sum(-1) if support == "teacher" else None
     if top is not None:
         assert torch.allclose(head.teacher_topm_mass, top.detach())
-    assert not head.student_logp.requires_grad and not head.teacher_topm_mass.requires_grad
+    assert not head.teacher_topm_mass.requires_grad and head.privilege.grad_fn is not None
+    # the privilege's student side is stopped: its gradient reaches the teacher only
+    g_s = torch.autograd.grad(head.privilege.sum(), h_s, allow_unused=True)[0]
+    assert g_s is None or g_s.abs().max() == 0
+
+
+def test_token_logprobs_head():
+    h_s, _, w_s, _, targets = case(3)
+    got = token_logprobs(h_s, targets, w_s, chunk_size=4)
+    ref = (h_s @ w_s.T).log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+    assert torch.allclose(got, ref, atol=1e-12)
+    assert torch.allclose(torch.autograd.grad(got.sum(), h_s)[0], torch.autograd.grad(ref.sum(), h_s)[0], atol=1e-12)
 
 
 def test_shared_head_weight_gets_both_contributions():

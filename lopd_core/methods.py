@@ -1,0 +1,362 @@
+"""Methods: a teacher-context strategy x an objective. LOPD and the five baselines share everything else.
+
+| method   | teacher reads (first user message)                               | teacher weights | objective        |
+|----------|------------------------------------------------------------------|-----------------|------------------|
+| lopd     | J*K latents composed from the top-J retrieved successes (§3.2)    | frozen backbone | eq. 13           |
+| opsd     | a successful trajectory of the same task, as text                | frozen backbone | top-M reverse KL |
+| sdft     | the same task's demonstration, framed as an in-context example   | EMA of student  | top-M reverse KL |
+| sdpo     | feedback on the student's own attempt + a successful sibling     | EMA of student  | top-M reverse KL |
+| skill_sd | a skill note distilled from successes in the same environment    | EMA of student  | top-M reverse KL |
+| grpo     | nothing (no teacher; a k3 KL to the base model if kl_coef > 0)   | base (reference)| clipped PG       |
+
+What each paper leaves open, and what we chose, is in each class's docstring. Common choices: every
+distillation baseline uses the same top-M reverse KL as LOPD (eq. 9-10), so the comparison isolates the
+teacher's context; a record whose strategy has no privileged context for it (no known solution, no feedback)
+is left out of the loss and counted (`n_no_context`); the "EMA of student" teacher is an EMA over the LoRA
+factors (a "teacher" adapter), an approximation of an EMA over merged weights, and needs a LoRA student.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from lopd_core.adapters import add_lora, copy_adapter
+from lopd_core.composer import Composer
+from lopd_core.config import LOPDConfig
+from lopd_core.conversation import Trajectory
+from lopd_core.loss_head import HeadOutputs
+from lopd_core.losses import anchor_penalty, dual_step, lagrangian
+from lopd_core.serialization import TeacherContext
+
+if TYPE_CHECKING:
+    from lopd_core.models import LOPDModels
+    from lopd_core.step import DistillBatch
+
+Retriever = Callable[[str, str], list[str]]  # (task text, task id) -> up to J experience texts, never the task's own
+SolutionLookup = Callable[[str], str | None]  # task id -> a successful trajectory of that task, as text
+SkillLookup = Callable[[str], str | None]  # env id -> a skill note for that environment
+
+PRIVILEGED_HEADER = "Privileged information for this task (you will not see it at test time):\n"
+
+
+class TeacherInputs:
+    def __init__(self, latents: torch.Tensor | None = None, cold_start_latents: torch.Tensor | None = None) -> None:
+        self.latents = latents  # [B, J*K, d] with gradient to the composer
+        self.cold_start_latents = cold_start_latents  # [B, J*K, d] anchor targets c_phi0
+
+
+# ------------------------------------------------------------------------------------ strategies
+
+
+class NoContext:
+    """No privileged context: the teacher view equals the student view (GRPO's reference model)."""
+
+    teacher_requires_grad = False
+    teacher_adapter: str | None = None
+    requires_context = False
+
+    def contexts(self, trajectories: Sequence[Trajectory]) -> list[TeacherContext | None]:
+        return [None] * len(trajectories)
+
+    def inputs(self, trajectories: Sequence[Trajectory]) -> TeacherInputs:
+        return TeacherInputs()
+
+    def after_step(self) -> None:
+        pass
+
+
+class LatentContext(NoContext):
+    """LOPD: the teacher reads J*K latents composed from the top-J retrieved successes (§3.2)."""
+
+    teacher_requires_grad = True
+    requires_context = True
+
+    def __init__(self, composer: Composer, retrieve: Retriever, cfg: LOPDConfig) -> None:
+        self.composer = composer
+        self.retrieve = retrieve
+        self.cfg = cfg
+
+    def contexts(self, trajectories: Sequence[Trajectory]) -> list[TeacherContext | None]:
+        return [TeacherContext.latent(self.cfg.n_latents)] * len(trajectories)
+
+    def inputs(self, trajectories: Sequence[Trajectory]) -> TeacherInputs:
+        tasks = [t.task for t in trajectories]
+        retrieved = [self.retrieve(t.task, t.task_id)[: self.cfg.n_retrieved] for t in trajectories]
+        latents = self.composer(tasks, retrieved)
+        return TeacherInputs(latents, self.composer.anchor_latents(tasks, retrieved))
+
+
+class TextContext(NoContext):
+    """A text context per record, built by `describe(trajectory, batch)`; None = no privileged info for it."""
+
+    requires_context = True
+
+    def __init__(self, models: LOPDModels, cfg: LOPDConfig, default_sync: str) -> None:
+        sync = cfg.baseline.teacher_sync if cfg.baseline.teacher_sync != "default" else default_sync
+        self.models = models
+        self.rate = cfg.baseline.teacher_ema_rate
+        self.teacher_adapter = None
+        if sync == "ema":
+            if cfg.student_mode != "lora":
+                raise ValueError("teacher_sync='ema' needs student_mode='lora'; use teacher_sync='frozen'")
+            if "teacher" not in {n.split(".")[-2] for n, _ in models.backbone.named_parameters() if "lora_A" in n}:
+                add_lora(models.backbone, "teacher", cfg.student_lora)
+                models.switch.refresh()
+            copy_adapter(models.backbone, "student", "teacher")
+            for n, p in models.backbone.named_parameters():
+                if ".teacher." in n and "lora_" in n:
+                    p.requires_grad_(False)
+            self.teacher_adapter = "teacher"
+
+    def describe(self, trajectory: Trajectory, batch: Sequence[Trajectory]) -> str | None:
+        raise NotImplementedError
+
+    def contexts(self, trajectories: Sequence[Trajectory]) -> list[TeacherContext | None]:
+        out: list[TeacherContext | None] = []
+        for t in trajectories:
+            text = self.describe(t, trajectories)
+            out.append(TeacherContext.text(PRIVILEGED_HEADER + text + "\n\n") if text else None)
+        return out
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """EMA teacher: teacher <- (1 - a) teacher + a student, over the LoRA factors."""
+        if self.teacher_adapter is None:
+            return
+        params = dict(self.models.backbone.named_parameters())
+        for n, p in params.items():
+            if ".student." in n and "lora_" in n:
+                params[n.replace(".student.", ".teacher.")].lerp_(p, self.rate)
+
+
+class SolutionContext(TextContext):
+    """OPSD (arXiv 2601.18734): the teacher sees a verified solution of the same task.
+
+    The paper conditions on ground-truth reasoning traces and keeps the teacher frozen. Ours: the solution is a
+    successful trajectory of the same task (from the base model's pool, or the suite generator's reference
+    solution when there is none — the lookup records which), as a compact action-result trace.
+    """
+
+    def __init__(self, models: LOPDModels, cfg: LOPDConfig, solutions: SolutionLookup) -> None:
+        super().__init__(models, cfg, default_sync="frozen")
+        self.solutions = solutions
+
+    def describe(self, trajectory: Trajectory, batch: Sequence[Trajectory]) -> str | None:
+        solution = self.solutions(trajectory.task_id)
+        return f"A verified successful solution of this task:\n{solution}" if solution else None
+
+
+class DemonstrationContext(SolutionContext):
+    """SDFT (arXiv 2601.19897): the teacher is the model conditioned on a demonstration, in context.
+
+    The paper shows the example's own expert demonstration as an in-context example and keeps the teacher as an
+    EMA of the student. Its analytic per-token KL is reverse KL in the paper's derivation (some public
+    recipes use forward KL); we use the shared top-M reverse KL.
+    """
+
+    def __init__(self, models: LOPDModels, cfg: LOPDConfig, solutions: SolutionLookup) -> None:
+        TextContext.__init__(self, models, cfg, default_sync="ema")
+        self.solutions = solutions
+
+    def describe(self, trajectory: Trajectory, batch: Sequence[Trajectory]) -> str | None:
+        demo = self.solutions(trajectory.task_id)
+        return f"Here is an example of how this task is done well:\n{demo}\nNow do the task." if demo else None
+
+
+class FeedbackContext(TextContext):
+    """SDPO (arXiv 2601.20802): the teacher re-reads the student's own attempt with the environment's feedback.
+
+    Feedback = the failed checks and the error observations of this attempt, plus a successful sibling attempt
+    of the same task from the same batch (the group of G rollouts) when there is one; the teacher is an EMA of
+    the student. The paper also blends a GRPO advantage (lambda); we keep pure self-distillation. A successful
+    attempt with no successful sibling carries no feedback: it is left out (the paper does not reprompt a
+    rollout with itself).
+    """
+
+    def __init__(self, models: LOPDModels, cfg: LOPDConfig) -> None:
+        super().__init__(models, cfg, default_sync="ema")
+
+    def describe(self, trajectory: Trajectory, batch: Sequence[Trajectory]) -> str | None:
+        parts = []
+        failed = [c for c in trajectory.checks if not c.get("passed", False)]
+        if failed:
+            lines = "\n".join(f"- {c.get('name', 'check')}: {c.get('detail', 'failed')}" for c in failed)
+            parts.append(f"Your previous attempt scored {trajectory.reward:.2f}. Checks it failed:\n{lines}")
+        errors = [m.content for m in trajectory.messages if m.role == "tool" and _is_error(m.content)]
+        if errors:
+            parts.append("Errors it ran into:\n" + "\n".join(f"- {e[:300]}" for e in errors[:5]))
+        if parts and trajectory.trace:
+            parts.insert(0, f"Your previous attempt:\n{trajectory.trace}")
+        sibling = next(
+            (s for s in batch if s.task_id == trajectory.task_id and s is not trajectory and s.reward >= 1.0), None
+        )
+        if sibling is not None:
+            parts.append(f"A successful attempt at this task:\n{sibling.trace}")
+        return "\n\n".join(parts) if parts else None
+
+
+class SkillContext(TextContext):
+    """Skill-SD (arXiv 2604.10674): the teacher reads a skill note distilled from the environment's trajectories.
+
+    The paper summarises completed trajectories into natural-language skills with an LLM and adds an
+    importance-weighted reverse KL; ours builds the note from the bank's successful traces of the same
+    environment (components.skills: workflows and frequent mistakes, no LLM call) and uses the shared top-M
+    reverse KL; the teacher is an EMA of the student ("synchronised with the improving student").
+    """
+
+    def __init__(self, models: LOPDModels, cfg: LOPDConfig, skills: SkillLookup) -> None:
+        super().__init__(models, cfg, default_sync="ema")
+        self.skills = skills
+
+    def describe(self, trajectory: Trajectory, batch: Sequence[Trajectory]) -> str | None:
+        note = self.skills(trajectory.env_id)
+        return f"Skills for this environment:\n{note}" if note else None
+
+
+def _is_error(text: str) -> bool:
+    head = text[:200].lower()
+    return any(k in head for k in ("error", "invalid", "unknown tool", "exception", "failed"))
+
+
+# ------------------------------------------------------------------------------------ objectives
+
+
+class DistillObjective:
+    """Top-M reverse KL on the student's own tokens (eq. 9-10), nothing else."""
+
+    needs_teacher = True
+    epochs = 1
+
+    def __init__(self, cfg: LOPDConfig) -> None:
+        self.cfg = cfg
+
+    def terms(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(distill, margin Delta) with the configured normalisation (token-weighted = eq. 10 and 12)."""
+        if head.kl is None or head.teacher_logp is None:
+            raise ValueError(f"{type(self).__name__} needs the teacher's side of the loss head")
+        norm = self.cfg.loss_normalization
+        distill = batch.reduce(head.kl, norm)
+        return distill, batch.reduce(batch.advantages[batch.rows] * head.privilege, norm)
+
+    def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        distill, margin = self.terms(head, batch)  # the margin is a diagnostic here
+        return distill, {"distill_kl": distill.item(), "margin": margin.item()}
+
+    def after_step(self, stats: Mapping[str, float]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, float]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, float]) -> None:
+        pass
+
+
+class LOPDObjective(DistillObjective):
+    """L = distill + beta (m - Delta) + lambda anchor (eq. 13), then beta <- max(0, beta + eta (m - Delta))."""
+
+    def __init__(self, cfg: LOPDConfig) -> None:
+        super().__init__(cfg)
+        self.beta = cfg.beta_init
+
+    def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        distill, margin = self.terms(head, batch)
+        t = batch.teacher
+        if t.latents is None or t.cold_start_latents is None:
+            raise ValueError("LOPDObjective needs latents and cold-start latents from the context strategy")
+        anchor = anchor_penalty(t.latents, t.cold_start_latents, self.cfg.anchor_reduction)
+        loss = lagrangian(distill, margin, anchor, self.beta, self.cfg.margin_target, self.cfg.anchor_weight)
+        stats = {"distill_kl": distill.item(), "margin": margin.item(), "anchor": anchor.item()}
+        return loss, {**stats, "beta_loss": self.beta}
+
+    def after_step(self, stats: Mapping[str, float]) -> None:
+        self.beta = dual_step(self.beta, stats["margin"], self.cfg.margin_target, self.cfg.dual_lr)
+
+    def state_dict(self) -> dict[str, float]:
+        return {"beta": self.beta}
+
+    def load_state_dict(self, state: Mapping[str, float]) -> None:
+        self.beta = float(state["beta"])
+
+
+class GRPOObjective(DistillObjective):
+    """GRPO (DeepSeekMath, arXiv 2402.03300): group-normalised advantages, clipped ratio, optional k3 KL.
+
+    A_i = (r_i - mean(r_group)) / (std(r_group) + eps) over the G rollouts of a task; per token
+    -min(rho A, clip(rho, 1 - e, 1 + e) A) + kl_coef * (exp(ref - logp) - (ref - logp) - 1), averaged per
+    sequence then over sequences (the paper's normalisation; `loss_normalization="token"` gives the token
+    mean). rho = p / p_old with p_old the policy that sampled; with ppo_epochs = 1 it is exactly 1 (the clip
+    acts from the second epoch). The reference for the KL is the base model (adapters off, no context).
+    """
+
+    def __init__(self, cfg: LOPDConfig) -> None:
+        super().__init__(cfg)
+        self.needs_teacher = cfg.baseline.kl_coef > 0
+        self.epochs = cfg.baseline.ppo_epochs
+
+    def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        b = self.cfg.baseline
+        adv = group_advantages(batch.rewards, batch.groups)[batch.rows]
+        old = batch.old_logp if batch.old_logp is not None else head.student_logp.detach()
+        ratio = torch.exp(head.student_logp - old)
+        pg = -torch.minimum(ratio * adv, ratio.clamp(1 - b.clip_eps, 1 + b.clip_eps) * adv)
+        stats = {"clip_fraction": ((ratio - 1).abs() > b.clip_eps).float().mean().item()}
+        per_token = pg
+        if self.needs_teacher:
+            assert head.teacher_logp is not None
+            log_r = head.teacher_logp.detach() - head.student_logp
+            kl = torch.exp(log_r) - log_r - 1
+            per_token = pg + b.kl_coef * kl
+            stats["kl_ref"] = batch.reduce(kl.detach(), "token").item()
+        norm = "record" if self.cfg.loss_normalization == "record" else "token"
+        loss = batch.reduce(per_token, norm)
+        stats["pg_loss"] = loss.item()
+        return loss, stats
+
+
+def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """(r - mean_g) / (std_g + eps) within each group of equal `groups` ids (population std, as in GRPO)."""
+    adv = torch.zeros_like(rewards)
+    for g in groups.unique():
+        idx = groups == g
+        r = rewards[idx]
+        adv[idx] = (r - r.mean()) / (r.std(unbiased=False) + eps)
+    return adv
+
+
+# ------------------------------------------------------------------------------------ registry
+
+
+def build_method(
+    models: LOPDModels,
+    cfg: LOPDConfig,
+    retrieve: Retriever | None = None,
+    solutions: SolutionLookup | None = None,
+    skills: SkillLookup | None = None,
+) -> tuple[NoContext, DistillObjective]:
+    """(strategy, objective) for `cfg.method`; names the missing input when a method needs one."""
+
+    def need(value: object, name: str) -> None:
+        if value is None:
+            raise ValueError(f"method {cfg.method!r} needs `{name}`")
+
+    if cfg.method == "lopd":
+        need(retrieve, "retrieve")
+        return LatentContext(models.composer, retrieve, cfg), LOPDObjective(cfg)  # type: ignore[arg-type]
+    if cfg.method == "opsd":
+        need(solutions, "solutions")
+        return SolutionContext(models, cfg, solutions), DistillObjective(cfg)  # type: ignore[arg-type]
+    if cfg.method == "sdft":
+        need(solutions, "solutions")
+        return DemonstrationContext(models, cfg, solutions), DistillObjective(cfg)  # type: ignore[arg-type]
+    if cfg.method == "sdpo":
+        return FeedbackContext(models, cfg), DistillObjective(cfg)
+    if cfg.method == "skill_sd":
+        need(skills, "skills")
+        return SkillContext(models, cfg, skills), DistillObjective(cfg)  # type: ignore[arg-type]
+    if cfg.method == "grpo":
+        return NoContext(), GRPOObjective(cfg)
+    raise ValueError(f"unknown method {cfg.method!r}")

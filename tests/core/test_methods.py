@@ -1,0 +1,152 @@
+"""Baselines in the shared harness: contexts, objectives (hand-checked), EMA teacher, one step each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lopd_core.config import LOPDConfig
+from lopd_core.conversation import Message, Trajectory
+from lopd_core.loss_head import HeadOutputs
+from lopd_core.methods import (
+    FeedbackContext,
+    GRPOObjective,
+    TeacherInputs,
+    build_method,
+    group_advantages,
+)
+from lopd_core.models import build_models
+from lopd_core.serialization import ChatSerializer
+from lopd_core.step import DistillBatch, TrainStep
+from tests.core.test_step import make_batch, retrieve
+
+CFG = LOPDConfig(n_queries=4, qformer_layers=2, encoder_max_tokens=64, student_lr=3e-3)
+
+
+def test_group_advantages_hand_checked():
+    r = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5, 0.0])
+    g = torch.tensor([0, 0, 1, 1, 2, 2])
+    adv = group_advantages(r, g)
+    assert torch.allclose(adv, torch.tensor([1.0, -1.0, 0.0, 0.0, 1.0, -1.0]), atol=1e-5)
+
+
+def grpo_batch(rewards, groups, rows, old=None):
+    return DistillBatch(
+        rows=torch.tensor(rows), n_records=len(rewards), rewards=torch.tensor(rewards),
+        groups=torch.tensor(groups), teacher=TeacherInputs(), old_logp=old,
+    )  # fmt: skip
+
+
+def test_grpo_loss_and_gradient_hand_checked():
+    obj = GRPOObjective(CFG.model_copy(update={"loss_normalization": "record"}))
+    logp = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)  # record 0 has 2 tokens, record 1 has 1
+    batch = grpo_batch([1.0, 0.0], [0, 0], [0, 0, 1])
+    loss, stats = obj.loss(HeadOutputs(student_logp=logp), batch)
+    # advantages +1 / -1; ratio = 1: loss = mean over records of mean over tokens of (-A) = (-1 + 1) / 2 = 0
+    assert loss.item() == pytest.approx(0.0)
+    (g,) = torch.autograd.grad(loss, logp)
+    assert torch.allclose(g, torch.tensor([-0.25, -0.25, 0.5]))  # -A / n_tokens(record) / n_records
+    assert stats["clip_fraction"] == 0.0
+
+
+def test_grpo_clip_stops_gradient_outside_the_trust_region():
+    obj = GRPOObjective(CFG)
+    logp = torch.tensor([0.0, 0.0], requires_grad=True)
+    old = torch.tensor([-1.0, 0.0])  # token 0: ratio e = 2.7 > 1.2, positive advantage -> clipped
+    loss, stats = obj.loss(HeadOutputs(student_logp=logp), grpo_batch([1.0, 0.0], [0, 0], [0, 1], old))
+    (g,) = torch.autograd.grad(loss, logp)
+    assert g[0] == 0 and g[1] != 0 and stats["clip_fraction"] == 0.5
+
+
+def test_grpo_k3_kl_is_zero_at_the_reference_and_positive_away():
+    cfg = CFG.model_copy(update={"baseline": CFG.baseline.model_copy(update={"kl_coef": 0.1})})
+    obj = GRPOObjective(cfg)
+    assert obj.needs_teacher
+    logp = torch.tensor([-1.0, -2.0], requires_grad=True)
+    head = HeadOutputs(student_logp=logp, kl=torch.zeros(2), teacher_logp=logp.detach().clone())
+    _, stats = obj.loss(head, grpo_batch([1.0], [0], [0, 0]))
+    assert stats["kl_ref"] == pytest.approx(0.0)
+    head.teacher_logp = torch.tensor([-1.5, -1.0])
+    _, stats = obj.loss(head, grpo_batch([1.0], [0], [0, 0]))
+    expected = sum(torch.exp(torch.tensor(d)) - d - 1 for d in (-0.5, 1.0)) / 2
+    assert stats["kl_ref"] == pytest.approx(float(expected), rel=1e-5)
+
+
+def _feedback_traj(task_id, reward, checks=(), tool="ok", trace="ls(/a) -> ok"):
+    msgs = [Message("system", "s"), Message("user", "task"), Message("assistant", "x"), Message("tool", tool)]
+    return Trajectory(task_id, "files", "task", msgs, reward=reward, checks=list(checks), trace=trace)
+
+
+def test_sdpo_feedback_context(tiny):
+    model, tok = tiny
+    models = build_models(model, tok, CFG.model_copy(update={"method": "sdpo"}))
+    ctx = FeedbackContext(models, CFG)
+    failed = _feedback_traj("a", 0.5, [{"name": "file_created", "passed": False, "detail": "b.txt missing"}],
+                            tool="Error: unknown tool 'mk'")  # fmt: skip
+    good = _feedback_traj("a", 1.0, trace="mk(b.txt) -> ok")
+    lone = _feedback_traj("b", 1.0)
+    text = ctx.describe(failed, [failed, good, lone])
+    assert "b.txt missing" in text and "unknown tool" in text and "mk(b.txt) -> ok" in text
+    assert ctx.describe(lone, [failed, good, lone]) is None  # success, no sibling: nothing to add
+    assert ctx.describe(good, [failed, good]) is None  # its only sibling failed: nothing privileged to show
+
+
+def make(tiny, method, **kw):
+    model, tok = tiny
+    cfg = CFG.model_copy(update={"method": method, **kw})
+    models = build_models(model, tok, cfg)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n, p in models.backbone.named_parameters():
+            if ".student." in n and "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    solutions = {"t0": "ls(/f0) -> a.txt b.txt", "t2": "ls(/f2) -> a.txt b.txt"}.get
+    strategy, objective = build_method(
+        models, cfg, retrieve=retrieve, solutions=solutions, skills=lambda env: "Use ls before answering."
+    )
+    return TrainStep(models, ChatSerializer(tok), strategy, objective, cfg)
+
+
+@pytest.mark.parametrize("method", ["opsd", "sdft", "skill_sd", "sdpo"])
+def test_text_baselines_take_a_step(tiny, method):
+    step = make(tiny, method)
+    batch = make_batch()
+    batch[1].checks = [{"name": "answer", "passed": False, "detail": "wrong listing"}]
+    out = step(batch)
+    assert out["updated"] == 1.0 and out["distill_kl"] >= 0 and "anchor" not in out
+    if method in ("opsd", "sdft"):
+        assert out["n_no_context"] == 1.0  # t1 has no known solution
+    assert all(p.grad is None for p in step.models.composer.qformer.parameters())  # no composer in baselines
+
+
+def test_ema_teacher_follows_the_student(tiny):
+    step = make(tiny, "sdft")
+    assert step.strategy.teacher_adapter == "teacher"
+    params = dict(step.models.backbone.named_parameters())
+    name = next(n for n in params if ".teacher." in n and "lora_B" in n)
+    before = params[name].detach().clone()
+    step(make_batch())
+    student = params[name.replace(".teacher.", ".student.")].detach()
+    assert torch.allclose(params[name], 0.99 * before + 0.01 * student, atol=1e-6)
+    assert not params[name].requires_grad
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.05])
+def test_grpo_takes_a_step_without_a_teacher_unless_kl(tiny, kl_coef):
+    step = make(tiny, "grpo", baseline=CFG.baseline.model_copy(update={"kl_coef": kl_coef, "ppo_epochs": 2}))
+    batch = make_batch((1.0, 0.0, 1.0)) + make_batch((0.0, 0.0, 1.0))  # two rollouts per task
+    out = step(batch)
+    assert out["updated"] == 1.0 and "pg_loss" in out
+    assert ("kl_ref" in out) == (kl_coef > 0) and ("teacher_topm_mass" in out) == (kl_coef > 0)
+
+
+def test_build_method_names_missing_inputs(tiny):
+    model, tok = tiny
+    cfg = CFG.model_copy(update={"method": "opsd"})
+    models = build_models(model, tok, cfg)
+    with pytest.raises(ValueError, match="solutions"):
+        build_method(models, cfg)
+    with pytest.raises(ValueError, match="teacher_sync='ema' needs"):
+        full = CFG.model_copy(update={"method": "sdft", "student_mode": "full"})
+        build_method(build_models(*__import__("lopd_core.backbone").backbone.load_backbone("tiny"), full), full,
+                     solutions=lambda t: "x")  # fmt: skip
