@@ -73,6 +73,15 @@ class BaselineConfig(StrictModel):
     teacher_ema_rate: float = Field(0.01, gt=0, le=1)  # EMA teacher <- (1 - a) teacher + a student
 
 
+class ScheduleConfig(StrictModel):
+    """The outer loop of Algorithm 1. Reference config: 100 steps of 32 tasks (smaller presets for CPU)."""
+
+    steps: int = Field(100, ge=1)
+    tasks_per_step: int = Field(32, ge=1)
+    samples_per_task: int = Field(1, ge=1)  # rollouts per task per step (GRPO: baseline.group_size)
+    checkpoint_every: int = Field(10, ge=1)
+
+
 METHODS = ("lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo")
 
 

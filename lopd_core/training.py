@@ -1,0 +1,119 @@
+"""The outer loop of Algorithm 1: sample tasks -> student rollouts -> verify -> one train step -> checkpoint.
+
+    summary = train_loop(step, tasks, rollout, schedule, checkpoint_dir)   # resumes from checkpoint_dir/last
+
+The rollout is a callable `(tasks) -> trajectories` (the engine with the student adapter live, verification
+included), so this loop knows nothing about environments or services. The task order comes from a seeded,
+resumable sampler; checkpoints hold everything needed to continue exactly (`lopd_core.checkpoint`): a run
+killed after step k and resumed ends with the same metrics as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from lopd_core.checkpoint import load_checkpoint, save_checkpoint
+from lopd_core.config import ScheduleConfig
+from lopd_core.conversation import Trajectory
+from lopd_core.envs.base import Task
+from lopd_core.step import TrainStep
+
+RolloutFn = Callable[[Sequence[Task]], list[Trajectory]]
+
+
+class TaskSampler:
+    """Seeded epoch-wise permutations over the tasks; its state is (epoch, position)."""
+
+    def __init__(self, task_ids: Sequence[str], batch_size: int, seed: int = 0) -> None:
+        if not task_ids:
+            raise ValueError("no training tasks")
+        self.task_ids = sorted(task_ids)
+        self.batch_size = min(batch_size, len(self.task_ids))
+        self.seed = seed
+        self.epoch, self.position = 0, 0
+
+    def _order(self) -> list[str]:
+        order = list(self.task_ids)
+        random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
+        return order
+
+    def next_batch(self) -> list[str]:
+        batch: list[str] = []
+        while len(batch) < self.batch_size:
+            order = self._order()
+            take = order[self.position : self.position + self.batch_size - len(batch)]
+            batch.extend(take)
+            self.position += len(take)
+            if self.position >= len(order):
+                self.epoch, self.position = self.epoch + 1, 0
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["seed"] != self.seed:
+            raise ValueError(f"sampler seed {self.seed} differs from the checkpoint's {state['seed']}")
+        self.epoch, self.position = state["epoch"], state["position"]
+
+
+def train_loop(
+    step: TrainStep,
+    tasks: Sequence[Task],
+    rollout: RolloutFn,
+    schedule: ScheduleConfig,
+    checkpoint_dir: str | Path | None = None,
+    stop_after: int | None = None,
+    extra_state: dict[str, Any] | None = None,
+    on_checkpoint: Callable[[Path, int], None] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) the loop to `schedule.steps`; `stop_after` ends early after that many steps (tests)."""
+    by_id = {t.task_id: t for t in tasks}
+    if len(by_id) != len(tasks):
+        raise ValueError("duplicate task ids in the training tasks")
+    bad = [t.task_id for t in tasks if t.split != "train"]
+    if bad:
+        raise ValueError(f"{len(bad)} tasks are not from the training split (e.g. {bad[:3]}); refusing to train")
+    sampler = TaskSampler(list(by_id), schedule.tasks_per_step, step.cfg.seed)
+    generations, history = 0, []
+    last = Path(checkpoint_dir) / "last" if checkpoint_dir else None
+    if last is not None and (last / "state.json").exists():
+        state = load_checkpoint(last, step.models, step.optimizer)
+        step.step_index = state["step"]
+        step.objective.load_state_dict(state["objective"])
+        sampler.load_state_dict(state["sampler"])
+        generations, history = state["generations"], state["history"]
+        if hasattr(step.strategy, "load_extra"):
+            step.strategy.load_extra(state.get("strategy", {}))
+
+    start = step.step_index
+    end = schedule.steps if stop_after is None else min(schedule.steps, start + stop_after)
+    for index in tqdm(range(start, end), desc=f"{step.cfg.method} steps", initial=start, total=schedule.steps):
+        batch_tasks = [by_id[i] for i in sampler.next_batch() for _ in range(schedule.samples_per_task)]
+        with step.models.acting_student():
+            trajectories = rollout(batch_tasks)
+        metrics = step(trajectories)
+        generations += int(metrics["generations"])
+        metrics["generations_total"] = float(generations)
+        history.append({k: float(v) for k, v in metrics.items()} | {"step": index})
+        done = index + 1
+        if last is not None and (done % schedule.checkpoint_every == 0 or done == schedule.steps):
+            state = {
+                "step": done,
+                "objective": step.objective.state_dict(),
+                "sampler": sampler.state_dict(),
+                "generations": generations,
+                "history": history,
+                "method": step.cfg.method,
+                "config": step.cfg.model_dump(mode="json"),
+                **(extra_state or {}),
+            }
+            save_checkpoint(last, step.models, step.optimizer, state)
+            if on_checkpoint is not None:
+                on_checkpoint(last, done)
+    return {"steps_done": step.step_index, "generations": generations, "history": history}
