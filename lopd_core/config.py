@@ -82,6 +82,21 @@ class ScheduleConfig(StrictModel):
     checkpoint_every: int = Field(10, ge=1)
 
 
+class ColdStartConfig(StrictModel):
+    """Composer cold-start (app. A.2): NLL of successful trajectories, backbone frozen, latents in the input.
+
+    The paper sets data size and steps per domain without stating them; the clip values are the reference
+    config's (QFormer 30.0, LoRA 3.0; the paper states one value, 3.0).
+    """
+
+    steps: int = Field(200, ge=0)  # ours
+    batch_size: int = Field(8, ge=1)  # ours
+    lr: float = Field(1e-4, gt=0)  # ours: the paper does not state it
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip_lora: float = Field(3.0, gt=0)
+    grad_clip_qformer: float = Field(30.0, gt=0)
+
+
 METHODS = ("lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo")
 
 

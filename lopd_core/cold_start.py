@@ -1,0 +1,85 @@
+"""Cold-start of the composer (app. A.2, eq. 14): next-token NLL of successful trajectories under the frozen
+backbone with the latent context in its input; only the encoder LoRA and the QFormer learn.
+
+    losses = cold_start(models, serializer, successes, retrieve, cfg, cold)   # then models.composer is phi_0
+
+Each training record is one of the base model's own successful trajectories; its latents come from J other
+successes retrieved for its task (never its own: the retriever must exclude the task id, and this function
+checks the texts it gets back do not contain the record's own trace). After the last step the composer is
+frozen as the anchor phi_0 and the cold-start latents c_phi0 are computed for every record's retrieved set.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+import torch
+from tqdm import tqdm
+
+from lopd_core.config import ColdStartConfig, LOPDConfig
+from lopd_core.conversation import Trajectory
+from lopd_core.loss_head import token_logprobs
+from lopd_core.models import LOPDModels
+from lopd_core.serialization import ChatSerializer, TeacherContext, aligned_action_positions
+
+Retriever = Callable[[str, str], list[str]]
+
+
+def latent_nll(
+    models: LOPDModels, serializer: ChatSerializer, batch: Sequence[Trajectory], retrieved: Sequence[Sequence[str]]
+) -> torch.Tensor:
+    """Token-weighted NLL of the action tokens under the teacher (adapters off) reading the composed latents."""
+    cfg = models.cfg
+    context = TeacherContext.latent(cfg.n_latents)
+    s_batch = serializer.collate([serializer.student_view(t) for t in batch])
+    t_batch = serializer.collate([serializer.teacher_view(t, context) for t in batch])
+    rows, _, t_pos, targets = aligned_action_positions(s_batch, t_batch)
+    latents = models.composer([t.task for t in batch], retrieved)
+    hidden = models.teacher_hidden(t_batch, latents)[rows, t_pos]
+    return -token_logprobs(hidden, targets, models.backbone.get_output_embeddings().weight, cfg.head_chunk_size).mean()
+
+
+def cold_start(
+    models: LOPDModels,
+    serializer: ChatSerializer,
+    successes: Sequence[Trajectory],
+    retrieve: Retriever,
+    cfg: LOPDConfig,
+    cold: ColdStartConfig,
+    on_step: Callable[[int, float], None] | None = None,
+) -> list[float]:
+    """Train the composer for `cold.steps` steps; freeze it as phi_0; fill the c_phi0 cache. Returns the losses."""
+    records = [t for t in successes if not t.failed and t.reward >= 1.0]
+    if not records:
+        raise ValueError("cold-start needs successful trajectories; collect more or lower the success threshold")
+    retrieved = {}
+    for t in records:
+        items = retrieve(t.task, t.task_id)[: cfg.n_retrieved]
+        if t.trace and any(t.trace in item for item in items):
+            raise ValueError(f"the retriever returned task {t.task_id!r}'s own trajectory: self-retrieval leaks")
+        retrieved[t.task_id] = items
+    params = [
+        {"params": models.composer.encoder_parameters(), "lr": cold.lr},
+        {"params": list(models.composer.qformer.parameters()), "lr": cold.lr},
+    ]
+    optimizer = torch.optim.AdamW(params, weight_decay=cold.weight_decay)
+    rng = random.Random(cfg.seed)
+    models.train()
+    losses = []
+    for step in tqdm(range(cold.steps), desc="cold-start", unit="step"):
+        batch = rng.sample(records, min(cold.batch_size, len(records)))
+        loss = latent_nll(models, serializer, batch, [retrieved[t.task_id] for t in batch])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(models.composer.encoder_parameters(), cold.grad_clip_lora)
+        torch.nn.utils.clip_grad_norm_(models.composer.qformer.parameters(), cold.grad_clip_qformer)
+        optimizer.step()
+        losses.append(loss.item())
+        if on_step is not None:
+            on_step(step, losses[-1])
+    models.composer.freeze_anchor()
+    for i in range(0, len(records), cold.batch_size):  # c_phi0 for every retrieved set seen here
+        chunk = records[i : i + cold.batch_size]
+        models.composer.anchor_latents([t.task for t in chunk], [retrieved[t.task_id] for t in chunk])
+    return losses

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lopd_core.cold_start import cold_start, latent_nll
+from lopd_core.config import ColdStartConfig, LOPDConfig
+from lopd_core.models import build_models
+from lopd_core.serialization import ChatSerializer
+from tests.core.test_step import make_batch
+
+CFG = LOPDConfig(n_queries=4, qformer_layers=2, encoder_max_tokens=64)
+
+
+def retrieve(task, task_id):
+    return [f"Task: list /q{task_id}\nTrace: ls(/q) -> a.txt b.txt", "Task: read\nTrace: read(a.txt) -> hello"]
+
+
+def test_cold_start_lowers_nll_trains_only_the_composer_and_fills_the_anchor_cache(tiny):
+    model, tok = tiny
+    models = build_models(model, tok, CFG)
+    ser = ChatSerializer(tok)
+    successes = make_batch((1.0, 1.0, 1.0))
+    for t in successes:
+        t.trace = f"ls(/f{t.task_id}) -> a.txt b.txt"
+    student_before = [p.clone() for p in models.student_parameters()]
+    with torch.no_grad():
+        before = latent_nll(models, ser, successes, [retrieve(t.task, t.task_id) for t in successes]).item()
+    losses = cold_start(models, ser, successes, retrieve, CFG, ColdStartConfig(steps=8, batch_size=3, lr=3e-3))
+    with torch.no_grad():
+        after = latent_nll(models, ser, successes, [retrieve(t.task, t.task_id) for t in successes]).item()
+    assert after < before and losses[-1] < losses[0]
+    assert all(torch.equal(a, b) for a, b in zip(student_before, models.student_parameters(), strict=True))
+    assert len(models.composer.anchor_cache) == 3
+    # the anchor is the trained composer: c_phi equals c_phi0 right after cold-start
+    tasks = [t.task for t in successes]
+    sets = [retrieve(t.task, t.task_id) for t in successes]
+    with torch.no_grad():
+        assert torch.allclose(models.composer(tasks, sets), models.composer.anchor_latents(tasks, sets), atol=1e-5)
+
+
+def test_cold_start_refuses_self_retrieval_and_empty_input(tiny):
+    model, tok = tiny
+    models = build_models(model, tok, CFG)
+    ser = ChatSerializer(tok)
+    successes = make_batch((1.0,))
+    successes[0].trace = "ls(/f0) -> a.txt"
+    with pytest.raises(ValueError, match="own trajectory"):
+        cold_start(models, ser, successes, lambda t, i: ["Task: x\nTrace: ls(/f0) -> a.txt"], CFG, ColdStartConfig())
+    with pytest.raises(ValueError, match="successful"):
+        cold_start(models, ser, make_batch((0.0,)), retrieve, CFG, ColdStartConfig())
