@@ -1,0 +1,358 @@
+"""Storage engines behind the experience bank (`components.memory`).
+
+Three engines share one small interface (`Backend`):
+
+- `EdgeBackend`: Qdrant Edge (`qdrant-edge-py`), the Qdrant shard engine in-process. The default for a
+  directory: real HNSW and payload indexes, filters evaluated inside the engine.
+- `ClientBackend` on qdrant-client's local mode (`:memory:`, or a directory when Qdrant Edge is not
+  installed): pure Python and numpy, always exact, and it evaluates filters point by point in Python
+  (slow past ~10k entries; see docs/memory.md).
+- `ClientBackend` on a Qdrant server (an http(s) URL): payload indexes, HNSW, the snapshot API.
+
+Vectors are L2-normalised by the embedder and compared by inner product (Distance.DOT), as in the paper.
+The only filter the bank needs is "task_id is not X" (the self-retrieval guard); it always runs inside
+the engine, so a query still returns k results when the excluded task has many entries.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from qdrant_client import QdrantClient, models
+
+# Payload fields with an index (server and Qdrant Edge): the ones used in filters, facets and audits.
+KEYWORD_FIELDS = ("task_id", "env_id", "split", "source_run")
+INTEGER_FIELDS = ("bank_version",)
+FLOAT_FIELDS = ("reward",)
+SCROLL_BATCH = 512
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """Exact search below `exact_below` entries; HNSW with these parameters at and above it."""
+
+    exact_below: int = 20_000
+    hnsw_m: int = 16
+    hnsw_ef_construct: int = 100
+    hnsw_ef: int = 128
+    # Qdrant's filtered-search switch to a full scan, in KB of vectors (the server's default).
+    full_scan_threshold_kb: int = 10_000
+
+    def indexing_threshold_kb(self, dim: int) -> int:
+        """Segment size (KB of float32 vectors) at which the engine builds HNSW: about `exact_below` entries."""
+        return max(1, self.exact_below * dim * 4 // 1024)
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "exact_below": self.exact_below,
+            "hnsw_m": self.hnsw_m,
+            "hnsw_ef_construct": self.hnsw_ef_construct,
+            "hnsw_ef": self.hnsw_ef,
+            "full_scan_threshold_kb": self.full_scan_threshold_kb,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SearchSettings:
+        return cls(**{k: int(v) for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class Hit:
+    point_id: str
+    score: float
+    payload: dict[str, Any]
+
+
+class Backend(Protocol):
+    kind: str  # "edge" | "local" | "memory" | "server"
+
+    def existing_ids(self, ids: list[str]) -> set[str]: ...
+
+    def insert(self, ids: list[str], vectors: np.ndarray, payloads: list[dict[str, Any]]) -> None: ...
+
+    def optimize(self) -> None: ...  # after a batch of inserts: build or merge indexes where the engine asks
+
+    def search(self, vector: np.ndarray, k: int, exclude_task_id: str | None, exact: bool) -> list[Hit]: ...
+
+    def count(self) -> int: ...
+
+    def version_counts(self) -> dict[int, int]: ...
+
+    def scroll(self, with_vectors: bool = False) -> Iterator[tuple[str, dict[str, Any], np.ndarray | None]]: ...
+
+    def close(self) -> None: ...
+
+
+def norm_id(point_id: Any) -> str:
+    return str(uuid.UUID(str(point_id)))
+
+
+def _vector_list(vector: Any) -> list[float]:
+    if isinstance(vector, dict):  # named vectors: ours is the default (unnamed) one
+        vector = vector.get("", next(iter(vector.values())))
+    return [float(x) for x in vector]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Qdrant Edge
+# ---------------------------------------------------------------------------------------------------------
+
+
+def edge_available() -> bool:
+    try:
+        import qdrant_edge  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class EdgeBackend:
+    """One Qdrant Edge shard in a directory. Single process: the bank holds a lock file beside it."""
+
+    kind = "edge"
+
+    def __init__(self, path: Path, dim: int, search: SearchSettings, create: bool) -> None:
+        import qdrant_edge as qe
+
+        self._qe = qe
+        self.path = Path(path)
+        self.search_settings = search
+        if create:
+            config = qe.EdgeConfig(
+                vectors=qe.EdgeVectorParams(size=dim, distance=qe.Distance.Dot),
+                hnsw_config=qe.HnswIndexConfig(
+                    m=search.hnsw_m,
+                    ef_construct=search.hnsw_ef_construct,
+                    full_scan_threshold=search.full_scan_threshold_kb,
+                ),
+                optimizers=qe.EdgeOptimizersConfig(indexing_threshold=search.indexing_threshold_kb(dim)),
+            )
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.shard = qe.EdgeShard.create(str(self.path), config)
+            for name in KEYWORD_FIELDS:
+                self.shard.update(qe.UpdateOperation.create_field_index(name, qe.PayloadSchemaType.Keyword))
+            for name in INTEGER_FIELDS:
+                self.shard.update(qe.UpdateOperation.create_field_index(name, qe.PayloadSchemaType.Integer))
+            for name in FLOAT_FIELDS:
+                self.shard.update(qe.UpdateOperation.create_field_index(name, qe.PayloadSchemaType.Float))
+            self.shard.flush()
+        else:
+            self.shard = qe.EdgeShard.load(str(self.path))
+
+    def existing_ids(self, ids: list[str]) -> set[str]:
+        if not ids:
+            return set()
+        return {norm_id(r.id) for r in self.shard.retrieve(list(ids), with_payload=False, with_vector=False)}
+
+    def insert(self, ids: list[str], vectors: np.ndarray, payloads: list[dict[str, Any]]) -> None:
+        qe = self._qe
+        rows = zip(ids, vectors, payloads, strict=True)
+        points = [qe.Point(pid, vec.tolist(), payload) for pid, vec, payload in rows]
+        self.shard.update(qe.UpdateOperation.upsert_points(points, update_mode=qe.UpdateMode.InsertOnly))
+        self.shard.flush()
+
+    def optimize(self) -> None:
+        # Edge runs its optimizers only when asked: this builds HNSW once a segment passes the indexing
+        # threshold (about `exact_below` entries) and returns at once when there is nothing to do.
+        self.shard.optimize()
+
+    def search(self, vector: np.ndarray, k: int, exclude_task_id: str | None, exact: bool) -> list[Hit]:
+        qe = self._qe
+        flt = None
+        if exclude_task_id is not None:
+            flt = qe.Filter(must_not=[qe.FieldCondition(key="task_id", match=qe.MatchValue(exclude_task_id))])
+        params = qe.SearchParams(exact=exact, hnsw_ef=None if exact else self.search_settings.hnsw_ef)
+        request = qe.QueryRequest(
+            limit=k, query=qe.Query.Nearest(vector.tolist()), filter=flt, with_payload=True, params=params
+        )
+        return [Hit(norm_id(p.id), float(p.score), dict(p.payload or {})) for p in self.shard.query(request)]
+
+    def count(self) -> int:
+        return int(self.shard.count(self._qe.CountRequest(exact=True)))
+
+    def version_counts(self) -> dict[int, int]:
+        response = self.shard.facet(self._qe.FacetRequest(key="bank_version", limit=1_000_000, exact=True))
+        return {int(h.value): int(h.count) for h in response.hits}
+
+    def scroll(self, with_vectors: bool = False) -> Iterator[tuple[str, dict[str, Any], np.ndarray | None]]:
+        offset = None
+        while True:
+            records, offset = self.shard.scroll(
+                self._qe.ScrollRequest(offset=offset, limit=SCROLL_BATCH, with_payload=True, with_vector=with_vectors)
+            )
+            for r in records:
+                vec = np.asarray(_vector_list(r.vector), dtype=np.float32) if with_vectors else None
+                yield norm_id(r.id), dict(r.payload or {}), vec
+            if offset is None:
+                return
+
+    def close(self) -> None:
+        self.shard.flush()
+        self.shard.close()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# qdrant-client: local mode (":memory:" or a directory) and a server (URL)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class ClientBackend:
+    """A collection through qdrant-client: a server (`url`), or local mode (`path` or ":memory:")."""
+
+    def __init__(
+        self,
+        client: QdrantClient,
+        collection: str,
+        kind: str,
+        dim: int,
+        search: SearchSettings,
+        url: str | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        self.client = client
+        self.collection = collection
+        self.kind = kind
+        self.search_settings = search
+        self.url = url
+        self.api_key = api_key
+        if not client.collection_exists(collection):
+            try:
+                client.create_collection(
+                    collection,
+                    vectors_config=models.VectorParams(size=dim, distance=models.Distance.DOT),
+                    hnsw_config=models.HnswConfigDiff(
+                        m=search.hnsw_m,
+                        ef_construct=search.hnsw_ef_construct,
+                        full_scan_threshold=search.full_scan_threshold_kb,
+                    ),
+                    optimizers_config=models.OptimizersConfigDiff(indexing_threshold=search.indexing_threshold_kb(dim)),
+                )
+            except Exception:
+                # Another process created it first (server); anything else surfaces on the next call.
+                if not client.collection_exists(collection):
+                    raise
+        if kind == "server":  # local mode has no payload indexes (it warns and ignores them)
+            schemas = (
+                [(f, models.PayloadSchemaType.KEYWORD) for f in KEYWORD_FIELDS]
+                + [(f, models.PayloadSchemaType.INTEGER) for f in INTEGER_FIELDS]
+                + [(f, models.PayloadSchemaType.FLOAT) for f in FLOAT_FIELDS]
+            )
+            for field_name, schema in schemas:
+                client.create_payload_index(collection, field_name, field_schema=schema, wait=True)
+
+    @classmethod
+    def connect(
+        cls,
+        location: str,
+        collection: str,
+        dim: int,
+        search: SearchSettings,
+        api_key: str | None = None,
+    ) -> ClientBackend:
+        if location == ":memory:":
+            return cls(QdrantClient(location=":memory:"), collection, "memory", dim, search)
+        if location.startswith(("http://", "https://")):
+            client = QdrantClient(url=location, api_key=api_key, timeout=60)
+            return cls(client, collection, "server", dim, search, url=location, api_key=api_key)
+        return cls(QdrantClient(path=location), collection, "local", dim, search)
+
+    def existing_ids(self, ids: list[str]) -> set[str]:
+        if not ids:
+            return set()
+        records = self.client.retrieve(self.collection, ids=list(ids), with_payload=False, with_vectors=False)
+        return {norm_id(r.id) for r in records}
+
+    def insert(self, ids: list[str], vectors: np.ndarray, payloads: list[dict[str, Any]]) -> None:
+        self.client.upsert(
+            self.collection,
+            points=models.Batch(ids=list(ids), vectors=vectors.tolist(), payloads=payloads),
+            update_mode=models.UpdateMode.INSERT_ONLY,
+            wait=True,
+        )
+
+    def optimize(self) -> None:
+        """Nothing to do: a server indexes in the background, local mode has no index."""
+
+    def search(self, vector: np.ndarray, k: int, exclude_task_id: str | None, exact: bool) -> list[Hit]:
+        flt = None
+        if exclude_task_id is not None:
+            flt = models.Filter(
+                must_not=[models.FieldCondition(key="task_id", match=models.MatchValue(value=exclude_task_id))]
+            )
+        params = None
+        if self.kind == "server":  # local mode is always exact and warns about search params
+            params = models.SearchParams(exact=exact, hnsw_ef=None if exact else self.search_settings.hnsw_ef)
+        response = self.client.query_points(
+            self.collection, query=vector.tolist(), limit=k, query_filter=flt, search_params=params, with_payload=True
+        )
+        return [Hit(norm_id(p.id), float(p.score), dict(p.payload or {})) for p in response.points]
+
+    def count(self) -> int:
+        return int(self.client.count(self.collection, exact=True).count)
+
+    def version_counts(self) -> dict[int, int]:
+        response = self.client.facet(self.collection, key="bank_version", limit=1_000_000, exact=True)
+        return {int(h.value): int(h.count) for h in response.hits}
+
+    def scroll(self, with_vectors: bool = False) -> Iterator[tuple[str, dict[str, Any], np.ndarray | None]]:
+        offset = None
+        while True:
+            records, offset = self.client.scroll(
+                self.collection, limit=SCROLL_BATCH, offset=offset, with_payload=True, with_vectors=with_vectors
+            )
+            for r in records:
+                vec = np.asarray(_vector_list(r.vector), dtype=np.float32) if with_vectors else None
+                yield norm_id(r.id), dict(r.payload or {}), vec
+            if offset is None:
+                return
+
+    # Server-only helpers -------------------------------------------------------------------------------
+
+    def get_metadata(self) -> dict[str, Any]:
+        return dict(self.client.get_collection(self.collection).config.metadata or {})
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        self.client.update_collection(self.collection, metadata=metadata)
+
+    def _headers(self) -> dict[str, str]:
+        return {"api-key": self.api_key} if self.api_key else {}
+
+    def download_snapshot(self, dest_dir: Path) -> Path:
+        """Create a collection snapshot on the server (snapshot API) and download it into `dest_dir`."""
+        import httpx
+
+        description = self.client.create_snapshot(self.collection, wait=True)
+        if description is None:
+            raise RuntimeError(f"server did not return a snapshot description for {self.collection!r}")
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        target = dest_dir / description.name
+        url = f"{self.url.rstrip('/')}/collections/{self.collection}/snapshots/{description.name}"
+        with httpx.stream("GET", url, headers=self._headers(), timeout=600) as response:
+            response.raise_for_status()
+            with open(target, "wb") as fh:
+                for chunk in response.iter_bytes():
+                    fh.write(chunk)
+        return target
+
+    def upload_snapshot(self, snapshot_file: Path) -> None:
+        """Recover this collection from a snapshot file on this machine (upload; the server need not see it)."""
+        import httpx
+
+        url = f"{self.url.rstrip('/')}/collections/{self.collection}/snapshots/upload"
+        with open(snapshot_file, "rb") as fh:
+            response = httpx.post(
+                url,
+                params={"priority": "snapshot", "wait": "true"},
+                files={"snapshot": (snapshot_file.name, fh)},
+                headers=self._headers(),
+                timeout=600,
+            )
+        response.raise_for_status()
+
+    def close(self) -> None:
+        self.client.close()

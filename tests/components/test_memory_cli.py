@@ -1,0 +1,88 @@
+"""`python -m components.memory_cli` (mounted as `lopd bank`): ingest, query, stats, snapshot, restore, audit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from components.memory_cli import bank_app
+
+runner = CliRunner()
+
+
+def traj(task_id: str, task: str, reward: float = 1.0, split: str = "train", trace: str = "") -> dict:
+    messages = [
+        {"role": "user", "content": task},
+        {"role": "assistant", "content": f'{{"name": "solve", "arguments": {{"id": "{task_id}"}}}}'},
+        {"role": "tool", "content": "done"},
+    ]
+    return {
+        "task_id": task_id,
+        "env_id": "env",
+        "task": task,
+        "messages": messages,
+        "reward": reward,
+        "split": split,
+        "trace": trace,
+    }
+
+
+def invoke(*args: str) -> tuple[int, dict | list]:
+    result = runner.invoke(bank_app, list(args))
+    out = result.stdout.strip()
+    return result.exit_code, (json.loads(out) if out.startswith(("{", "[")) else {"stderr": result.output})
+
+
+def test_cli_round_trip(tmp_path: Path):
+    data = tmp_path / "trajectories.jsonl"
+    lines = [
+        json.dumps(traj("t1", "Water the plants in the garden")),
+        json.dumps(traj("t2", "Water the plants on the balcony", trace="water(balcony) -> ok")),
+        json.dumps(traj("t3", "Feed the cat", reward=0.0)),  # a failure: skipped
+        "{not json",
+        json.dumps(traj("t4", "Walk the dog", reward=2.0)),  # not a valid Trajectory
+        json.dumps({**traj("t5", "Empty trace and no actions"), "messages": [{"role": "user", "content": "x"}]}),
+        json.dumps(traj("t6", "Walk the dog")),
+    ]
+    data.write_text("\n".join(lines) + "\n")
+    bank = ["--location", str(tmp_path / "banks"), "--name", "garden"]
+
+    code, report = invoke("ingest", str(data), *bank, "--embedder", "hashing-384", "--source-run", "run-1")
+    assert code == 0, report
+    assert (report["added"], report["skipped_failures"], report["count"], report["version"]) == (3, 1, 3, 1)
+    assert len(report["unreadable"]) == 2 and any(":4: not JSON" in e for e in report["unreadable"])
+    assert any("t4" in e and "reward must lie in [0, 1]" in e for e in report["unreadable"])
+    assert report["rejected"] == ["record 2 (task_id='t5'): trace is empty"]
+    code, again = invoke("ingest", str(data), *bank)
+    assert code == 0 and (again["added"], again["duplicates"], again["version"]) == (0, 3, 1)
+
+    code, hits = invoke("query", "Water the plants in the garden", "--task-id", "t1", "-k", "2", *bank)
+    assert code == 0 and [h["task_id"] for h in hits] == ["t2", "t6"]
+    code, stats = invoke("stats", *bank)
+    assert code == 0 and stats["count"] == 3 and stats["embedder"] == "hashing-384" and stats["search"] == "exact"
+
+    code, ref = invoke("snapshot", "--dest", str(tmp_path / "snaps"), *bank)
+    assert code == 0 and ref["kind"] == "bank_snapshot" and ref["metadata"]["version"] == 1
+    ref_file = tmp_path / "ref.json"
+    ref_file.write_text(json.dumps(ref))
+    code, restored = invoke("restore", str(ref_file), "--location", str(tmp_path / "copy"), "--name", "g2")
+    assert code == 0 and restored["count"] == 3
+
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text(json.dumps({"task_id": "e1", "task": "walk the DOG"}) + "\nt2\n")
+    code, audit = invoke("audit", "--eval", str(evals), *bank)
+    assert code == 1 and audit["eval_task_ids_found"] == ["t2"] and audit["eval_task_texts_found"] == ["t6"]
+    evals.write_text("e1\n")
+    assert invoke("audit", "--eval", str(evals), *bank)[0] == 0
+
+
+def test_cli_refuses_evaluation_split_and_missing_bank(tmp_path: Path):
+    data = tmp_path / "eval.jsonl"
+    data.write_text(json.dumps(traj("e1", "Held-out task", split="test")) + "\n")
+    bank = ["--location", str(tmp_path / "banks"), "--name", "b", "--embedder", "hashing-384"]
+    result = runner.invoke(bank_app, ["ingest", str(data), *bank])
+    assert result.exit_code == 2 and "only 'train'-split successes" in result.output
+    result = runner.invoke(bank_app, ["stats", "--location", str(tmp_path / "nowhere"), "--name", "b"])
+    assert result.exit_code == 2 and "no bank 'b'" in result.output
