@@ -111,3 +111,32 @@ def load_checkpoint(path: str | Path, models: LOPDModels, optimizer: torch.optim
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
         set_rng_state(torch.load(path / "rng.pt", weights_only=False))
     return state
+
+
+def load_student(path: str | Path, backbone: str | None = None) -> LOPDModels:
+    """Rebuild a run's models from its checkpoint directory (config and backbone name from state.json).
+
+    Use `with models.acting_student() as student:` to evaluate or sample from the trained student.
+    """
+    from lopd_core.adapters import add_lora
+    from lopd_core.backbone import load_backbone
+    from lopd_core.config import LOPDConfig
+    from lopd_core.models import build_models
+
+    path = Path(path)
+    if not (path / "state.json").exists():
+        raise FileNotFoundError(f"{path} is not a checkpoint directory (no state.json)")
+    state = json.loads((path / "state.json").read_text())
+    name = backbone or state.get("backbone")
+    if not name:
+        raise ValueError(f"{path}: the checkpoint does not name its backbone; pass backbone=...")
+    cfg = LOPDConfig.model_validate(state["config"])
+    model, tok = load_backbone(name)
+    models = build_models(model, tok, cfg)
+    tensors = load_file(str(path / "weights.safetensors"))
+    if any(".teacher." in k for k in tensors):  # an EMA-teacher baseline
+        add_lora(models.backbone, "teacher", cfg.student_lora)
+        models.switch.refresh()
+    load_model_tensors(models, tensors)
+    models.eval()
+    return models

@@ -92,3 +92,23 @@ def test_refuses_evaluation_tasks(tmp_path):
     bad = [*TASKS, Task("e1", "files", "eval", "held out")]
     with pytest.raises(ValueError, match="training split"):
         train_loop(step, bad, lambda ts: [], ScheduleConfig(steps=1), tmp_path)
+
+
+def test_load_student_restores_the_trained_student(tmp_path):
+    out = run(tmp_path / "c", steps=2)
+    assert out["steps_done"] == 2
+    import json
+
+    from lopd_core.checkpoint import load_student
+
+    state = tmp_path / "c" / "last" / "state.json"
+    data = json.loads(state.read_text())
+    data["backbone"] = "tiny"
+    state.write_text(json.dumps(data))
+    models = load_student(tmp_path / "c" / "last")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad(), models.acting_student() as student:
+        trained = student(ids).logits
+    base, _ = load_backbone("tiny")
+    with torch.no_grad():
+        assert not torch.allclose(trained, base(ids).logits)  # the student LoRA was restored and is live
