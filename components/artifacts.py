@@ -25,6 +25,18 @@ from lopd_core.artifacts import ArtifactRef, sha256_path
 from lopd_core.backbone import cache_dir
 
 
+def local_path(uri: str | os.PathLike[str]) -> Path:
+    """A local path from a plain path or a file: / file:// URI."""
+    text = str(uri)
+    if text.startswith("file://"):
+        return Path(text[len("file://") :])
+    if text.startswith("file:"):
+        return Path(text[len("file:") :])
+    if "://" in text:
+        raise ValueError(f"{text} is not a local path")
+    return Path(text)
+
+
 class ArtifactStore:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         root = str(root)
@@ -46,7 +58,7 @@ class ArtifactStore:
         self, path: str | Path, kind: str, metadata: dict[str, Any] | None = None, name: str | None = None
     ) -> ArtifactRef:
         """Store a file or a directory; returns its reference (idempotent for equal content)."""
-        path = Path(path)
+        path = local_path(path)
         digest = sha256_path(path)
         key = self._key(kind, digest, name or path.name)
         if not self.fs.exists(key):

@@ -73,7 +73,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_checkpoint(
     path: str | Path,
     models: LOPDModels,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None,
     state: dict[str, Any],
 ) -> Path:
     """Write a checkpoint directory at `path` (replacing an older one atomically). `state` must be JSON-able."""
@@ -82,7 +82,8 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
     try:
         save_file(model_tensors(models), str(tmp / "weights.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         models.composer.anchor_cache.save(tmp / "latent_cache.safetensors")
         torch.save(rng_state(), tmp / "rng.pt")
         (tmp / "state.json").write_text(json.dumps({"format": FORMAT_VERSION, **state}, indent=2, sort_keys=True))
@@ -108,6 +109,8 @@ def load_checkpoint(path: str | Path, models: LOPDModels, optimizer: torch.optim
     models.composer.anchor_cache.clear()
     models.composer.anchor_cache.load(path / "latent_cache.safetensors")
     if optimizer is not None:
+        if not (path / "optimizer.pt").exists():
+            raise ValueError(f"{path} holds weights only (a cold-start checkpoint?): it cannot resume training")
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
         set_rng_state(torch.load(path / "rng.pt", weights_only=False))
     return state

@@ -48,9 +48,10 @@ def cold_start(
     cfg: LOPDConfig,
     cold: ColdStartConfig,
     on_step: Callable[[int, float], None] | None = None,
+    success_threshold: float = 1.0,
 ) -> list[float]:
     """Train the composer for `cold.steps` steps; freeze it as phi_0; fill the c_phi0 cache. Returns the losses."""
-    records = [t for t in successes if not t.failed and t.reward >= 1.0]
+    records = [t for t in successes if not t.failed and t.reward >= success_threshold]
     if not records:
         raise ValueError("cold-start needs successful trajectories; collect more or lower the success threshold")
     retrieved = {}

@@ -1,0 +1,58 @@
+"""bank: put a dataset's successful trajectories into the experience memory and snapshot the new version.
+
+Only training-split successes enter (the bank refuses evaluation data); re-ingesting is a no-op; the
+snapshot is the artifact later stages name ("which bank did this model see").
+
+    python -m components.bank dataset='{"uri": ..., "kind": "dataset", "sha256": ...}' bank_location=runs/local/bank
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pydantic import Field
+
+from components.common import StageResult, StageSpec, open_suite, run_stage_cli, start_tracking
+from components.memory import ExperienceBank, experiences_from_jsonl
+from lopd_core.artifacts import ArtifactRef
+
+
+class BankSpec(StageSpec):
+    dataset: ArtifactRef  # trajectories (collect's output)
+    suite: str = "toolworld"  # its evaluation task ids are audited against the bank
+    bank_location: str | None = None  # ":memory:", a directory (default <run_dir>/bank) or a Qdrant URL
+    bank_name: str = "experience"
+    embedder: str | None = None  # sentence-transformers model name/path; default all-MiniLM-L6-v2 (offline)
+    success_threshold: float = Field(1.0, ge=0, le=1)
+
+
+def bank(spec: BankSpec) -> StageResult:
+    store = spec.store()
+    location = spec.bank_location or str(spec.stage_dir("bank") / "store")
+    with start_tracking(spec, "bank", spec.suite, spec) as run:
+        path = store.get(spec.dataset)
+        with open(path) as fh:
+            records, errors, skipped = experiences_from_jsonl(
+                fh, spec.success_threshold, source_run=str(spec.dataset.metadata.get("source_run", ""))
+            )
+        with ExperienceBank.open(location, spec.bank_name, spec.embedder, min_reward=spec.success_threshold) as b:
+            report = b.ingest(records)
+            held_out = open_suite(spec.suite).tasks("eval")
+            audit = b.audit(eval_task_ids=[t.task_id for t in held_out], eval_tasks=[t.instruction for t in held_out])
+            if not audit.ok:
+                raise ValueError(f"bank audit found evaluation data: {audit.to_dict()}")
+            snapshot = b.snapshot(spec.stage_dir("bank") / "snapshots")
+            ref = store.put(snapshot.uri, "bank_snapshot", snapshot.metadata)
+            count, version = b.count(), b.version
+        metrics = {"added": float(report.added), "duplicates": float(report.duplicates),
+                   "rejected": float(len(report.rejected)), "invalid_lines": float(len(errors)),
+                   "skipped_failures": float(skipped), "count": float(count), "version": float(version)}  # fmt: skip
+        run.log_metrics(metrics)
+        run.log_artifact_ref(ref)
+    text = f"bank v{version}: {count} entries (+{report.added}, {report.duplicates} already there)"
+    return StageResult(stage="bank", artifacts={"bank_snapshot": ref}, metrics=metrics, mlflow_run_id=run.run_id,
+                       summary=text)  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(run_stage_cli(BankSpec, bank))

@@ -1,0 +1,88 @@
+"""cold-start: train the composer (encoder LoRA + QFormer) by latent-conditioned NLL of the base model's own
+successes, backbone frozen (app. A.2); freeze it as the anchor phi_0 and cache c_phi0.
+
+Each success retrieves J = 3 other successes from the bank snapshot (never its own task). Output: a weights
+checkpoint (composer + anchor copy + the c_phi0 cache) that the train stage starts from, and the loss curve.
+
+    python -m components.cold_start dataset=... bank_snapshot=... cold.steps=50
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import torch
+from pydantic import Field
+
+from components.common import StageResult, StageSpec, read_trajectories, run_stage_cli, start_tracking
+from components.memory import ExperienceBank
+from lopd_core.artifacts import ArtifactRef
+from lopd_core.backbone import load_backbone
+from lopd_core.checkpoint import save_checkpoint
+from lopd_core.cold_start import cold_start as run_cold_start
+from lopd_core.config import ColdStartConfig, LOPDConfig
+from lopd_core.models import build_models
+from lopd_core.serialization import ChatSerializer
+
+
+class ColdStartSpec(StageSpec):
+    backbone: str = "smollm2-135m"
+    suite: str = "toolworld"
+    dataset: ArtifactRef  # collect's trajectories (successes are used)
+    bank_snapshot: ArtifactRef  # the experience memory the composer reads
+    lopd: LOPDConfig = LOPDConfig()
+    cold: ColdStartConfig = ColdStartConfig()
+    success_threshold: float = Field(1.0, ge=0, le=1)
+    threads: int = Field(1, ge=1)
+
+
+def open_snapshot(spec: StageSpec, ref: ArtifactRef, name: str) -> ExperienceBank:
+    """Restore a bank snapshot into the stage's own directory (read by this stage only)."""
+    local = dataclasses.replace(ref, uri=str(spec.store().get(ref)))  # downloaded first on a remote store
+    target = spec.stage_dir(name) / "bank"
+    return ExperienceBank.restore(local, str(target), ref.metadata.get("name", "experience"), overwrite=True)
+
+
+def cold_start(spec: ColdStartSpec) -> StageResult:
+    torch.set_num_threads(spec.threads)
+    torch.manual_seed(spec.lopd.seed)
+    store = spec.store()
+    successes = [t for t in read_trajectories(store.get(spec.dataset)) if t.reward >= spec.success_threshold]
+    labels = {"backbone": spec.backbone, "seed": spec.lopd.seed, "bank_snapshot_id": spec.bank_snapshot.sha256[:16]}
+    with start_tracking(spec, "cold_start", spec.suite, spec, **labels) as run:
+        model, tok = load_backbone(spec.backbone)
+        models = build_models(model, tok, spec.lopd)
+        with open_snapshot(spec, spec.bank_snapshot, "cold_start") as bank:
+            retrieve = bank.retriever(k=spec.lopd.n_retrieved)
+            t0 = time.time()
+            losses = run_cold_start(
+                models, ChatSerializer(tok, spec.lopd.max_seq_len), successes, retrieve, spec.lopd, spec.cold,
+                on_step=lambda i, loss: run.log_metrics({"nll": loss}, step=i),
+                success_threshold=spec.success_threshold,
+            )  # fmt: skip
+        path = save_checkpoint(
+            Path(spec.stage_dir("cold_start")) / "composer", models, None,
+            {"step": 0, "backbone": spec.backbone, "role": "cold_start", "config": spec.lopd.model_dump(mode="json"),
+             "losses": losses, "n_records": len(successes)},
+        )  # fmt: skip
+        ref = store.put(path, "checkpoint", {"role": "cold_start", "backbone": spec.backbone})
+        metrics = {
+            "nll_first": losses[0] if losses else float("nan"),
+            "nll_last": losses[-1] if losses else float("nan"),
+            "n_records": float(len(successes)),
+            "anchor_cache": float(len(models.composer.anchor_cache)),
+            "seconds": time.time() - t0,
+        }
+        run.log_metrics({k: v for k, v in metrics.items() if v == v})
+        run.log_checkpoint(ref)
+    text = (f"cold-start: {len(losses)} steps on {len(successes)} successes, "
+            f"NLL {metrics['nll_first']:.3f} -> {metrics['nll_last']:.3f}")  # fmt: skip
+    return StageResult(stage="cold_start", artifacts={"composer": ref}, metrics=metrics, mlflow_run_id=run.run_id,
+                       summary=text)  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(run_stage_cli(ColdStartSpec, cold_start))

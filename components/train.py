@@ -1,0 +1,159 @@
+"""train: Algorithm 1 for LOPD or a baseline: student rollouts -> verify -> one joint step -> checkpoints.
+
+Starts from the cold-start composer (LOPD), reads the bank snapshot for retrieval (never a task's own
+entries), logs every step to MLflow (margin, beta, reward, ...) and checkpoints every `schedule.
+checkpoint_every` steps. Re-running the same spec resumes from the last checkpoint and continues exactly.
+
+    python -m components.train lopd.method=lopd dataset=... bank_snapshot=... composer=... schedule.steps=20
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from pydantic import Field, model_validator
+
+from components.cold_start import open_snapshot
+from components.common import (
+    RolloutSpec,
+    StageResult,
+    StageSpec,
+    open_suite,
+    read_trajectories,
+    run_stage_cli,
+    start_tracking,
+)
+from lopd_core import skills
+from lopd_core.artifacts import ArtifactRef
+from lopd_core.backbone import load_backbone
+from lopd_core.checkpoint import load_model_tensors
+from lopd_core.config import LOPDConfig, ScheduleConfig
+from lopd_core.models import build_models
+from lopd_core.rollout import RolloutEngine
+from lopd_core.serialization import ChatSerializer
+from lopd_core.step import TrainStep, build_method
+from lopd_core.training import train_loop
+
+
+class TrainSpec(StageSpec):
+    backbone: str = "smollm2-135m"
+    suite: str = "toolworld"
+    dataset: ArtifactRef  # collect's trajectories: solutions (OPSD, SDFT) and skill notes (Skill-SD)
+    bank_snapshot: ArtifactRef | None = None  # LOPD's experience memory
+    composer: ArtifactRef | None = None  # cold-start output (LOPD)
+    lopd: LOPDConfig = LOPDConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    rollout: RolloutSpec = RolloutSpec()
+    n_train_tasks: int | None = Field(None, ge=1)  # restrict to a seeded sample of the training split
+    difficulties: list[int] | None = None
+    resume: bool = True  # continue from this spec's last checkpoint when there is one
+    threads: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _needs(self) -> TrainSpec:
+        if self.lopd.method == "lopd" and (self.bank_snapshot is None or self.composer is None):
+            raise ValueError("method 'lopd' needs bank_snapshot (bank stage) and composer (cold-start stage)")
+        if self.lopd.method == "grpo" and self.schedule.samples_per_task < 2:
+            raise ValueError("method 'grpo' needs schedule.samples_per_task >= 2 (the group size G)")
+        return self
+
+
+def _tasks(spec: TrainSpec, suite) -> list:  # type: ignore[no-untyped-def]
+    import random
+
+    tasks = suite.tasks("train")
+    if spec.difficulties is not None:
+        tasks = [t for t in tasks if t.difficulty in set(spec.difficulties)]
+    if spec.n_train_tasks is not None and spec.n_train_tasks < len(tasks):
+        tasks = sorted(random.Random(spec.lopd.seed).sample(tasks, spec.n_train_tasks), key=lambda t: t.task_id)
+    return tasks
+
+
+def train(spec: TrainSpec) -> StageResult:
+    torch.set_num_threads(spec.threads)
+    torch.manual_seed(spec.lopd.seed)
+    cfg = spec.lopd
+    store = spec.store()
+    suite = open_suite(spec.suite)
+    tasks = _tasks(spec, suite)
+    dataset = read_trajectories(store.get(spec.dataset))
+    references = {}
+    if hasattr(suite, "scenario"):
+        references = {t.task_id: suite.scenario(t.task_id).get("reference_solution") or [] for t in tasks}
+    solutions = skills.solutions(dataset, references)
+    notes = skills.skill_notes(dataset)
+
+    run_name = f"{cfg.method}-seed{cfg.seed}"
+    ckpt_dir = spec.stage_dir("train") / run_name
+    state_file = ckpt_dir / "last" / "state.json"
+    resume_id = None
+    if spec.resume and state_file.exists():
+        saved = json.loads(state_file.read_text())
+        if saved["config"] != cfg.model_dump(mode="json"):
+            before = LOPDConfig.model_validate(saved["config"]).flat()
+            diff = sorted(k for k, v in cfg.flat().items() if before.get(k) != v)
+            raise ValueError(f"{ckpt_dir} was trained with another method config (differs in {diff}); "
+                             "use the same lopd settings to resume, or another run_dir / resume=false")  # fmt: skip
+        resume_id = saved.get("mlflow_run_id")
+    elif state_file.exists():
+        raise FileExistsError(f"{ckpt_dir} already holds a run; set resume=true or use another run_dir")
+
+    model, tok = load_backbone(spec.backbone)
+    models = build_models(model, tok, cfg)
+    if spec.composer is not None:
+        from safetensors.torch import load_file
+
+        composer_dir = store.get(spec.composer)
+        load_model_tensors(models, load_file(str(composer_dir / "weights.safetensors")))
+        models.composer.anchor_cache.load(composer_dir / "latent_cache.safetensors")
+    bank_cm = open_snapshot(spec, spec.bank_snapshot, f"train/{run_name}") if spec.bank_snapshot else None
+    labels = {"method": cfg.method, "seed": cfg.seed, "backbone": spec.backbone,
+              "bank_snapshot_id": spec.bank_snapshot.sha256[:16] if spec.bank_snapshot else None}  # fmt: skip
+    t0 = time.time()
+    with start_tracking(spec, "train", spec.suite, spec, resume_run_id=resume_id, **labels) as run:
+        retrieve = bank_cm.retriever(k=cfg.n_retrieved) if bank_cm is not None else None
+        strategy, objective = build_method(
+            models, cfg, retrieve=retrieve,
+            solutions=lambda task_id: solutions.get(task_id, (None, ""))[0],
+            skills=notes.get,
+        )  # fmt: skip
+        sink = run.metrics_sink()
+        step = TrainStep(models, ChatSerializer(tok, cfg.max_seq_len), strategy, objective, cfg, sink)
+
+        def rollout(batch):  # type: ignore[no-untyped-def]
+            seed = cfg.seed * 1_000_003 + step.step_index  # a fresh, reproducible stream per step
+            engine = RolloutEngine(models.student, tok, spec.rollout.config(seed, progress=False))
+            return engine.run([suite.episode(t) for t in batch])
+
+        def on_checkpoint(path: Path, n: int) -> None:
+            sink.flush()
+            run.log_checkpoint(store.put(path, "checkpoint", {"method": cfg.method, "step": n}), n)
+
+        extra = {"backbone": spec.backbone, "mlflow_run_id": run.run_id,
+                 "bank_snapshot": spec.bank_snapshot.sha256 if spec.bank_snapshot else None}  # fmt: skip
+        out = train_loop(step, tasks, rollout, spec.schedule, ckpt_dir, extra_state=extra, on_checkpoint=on_checkpoint)
+        sink.close()
+        final = store.put(ckpt_dir / "last", "checkpoint",
+                          {"method": cfg.method, "seed": cfg.seed, "step": out["steps_done"], "backbone": spec.backbone,
+                           "generations": out["generations"]})  # fmt: skip
+        run.log_curves()
+        last = out["history"][-1] if out["history"] else {}
+        metrics = {k: float(v) for k, v in last.items() if isinstance(v, (int, float))}
+        n_reference = sum(source == "reference" for _, source in solutions.values())
+        metrics.update(steps=float(out["steps_done"]), generations_total=float(out["generations"]),
+                       seconds=time.time() - t0, solutions_from_reference=float(n_reference))  # fmt: skip
+        (spec.stage_dir("train") / f"{run_name}.history.json").write_text(json.dumps(out["history"]))
+    if bank_cm is not None:
+        bank_cm.close()
+    text = (f"{cfg.method} seed {cfg.seed}: {out['steps_done']} steps, {out['generations']} generations, "
+            f"final reward {metrics.get('reward_mean', float('nan')):.3f}")  # fmt: skip
+    return StageResult(stage="train", artifacts={"checkpoint": final}, metrics=metrics, mlflow_run_id=run.run_id,
+                       summary=text)  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(run_stage_cli(TrainSpec, train))

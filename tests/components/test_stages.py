@@ -1,0 +1,80 @@
+"""The stage components chained in-process on the tiny backbone: collect -> bank -> cold-start -> train.
+
+Real pieces throughout: the toolworld suite in its sandbox, the rollout engine, embedded Qdrant (Edge), an
+MLflow sqlite store, the artifact store. The tiny random model never succeeds, so the bank takes every
+trajectory (success_threshold=0): this tests the plumbing, not learning.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from components.bank import BankSpec, bank
+from components.cold_start import ColdStartSpec, cold_start
+from components.collect import CollectSpec, collect
+from components.train import TrainSpec, train
+
+SMALL = {"n_queries": 4, "qformer_layers": 2, "encoder_max_tokens": 128}
+ROLLOUT = {"max_new_tokens": 16, "max_turns": 2, "batch_size": 4}
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    run_dir = str(tmp_path_factory.mktemp("stages"))
+    common = {"run_dir": run_dir, "experiment": "stages-test"}
+    c = collect(CollectSpec(**common, backbone="tiny", n_tasks=4, samples_per_task=2, rollout=ROLLOUT))
+    b = bank(BankSpec(**common, dataset=c.artifacts["dataset"], success_threshold=0.0, embedder="hashing-64"))
+    cs = cold_start(ColdStartSpec(**common, backbone="tiny", dataset=c.artifacts["dataset"],
+                                  bank_snapshot=b.artifacts["bank_snapshot"], success_threshold=0.0,
+                                  lopd=SMALL, cold={"steps": 2, "batch_size": 4}))  # fmt: skip
+    spec = TrainSpec(**common, backbone="tiny", dataset=c.artifacts["dataset"],
+                     bank_snapshot=b.artifacts["bank_snapshot"], composer=cs.artifacts["composer"], lopd=SMALL,
+                     schedule={"steps": 2, "tasks_per_step": 2, "checkpoint_every": 1}, rollout=ROLLOUT)  # fmt: skip
+    t = train(spec)
+    return {"collect": c, "bank": b, "cold": cs, "train": t, "spec": spec, "run_dir": run_dir}
+
+
+def test_collect_writes_every_trajectory(chain):
+    c = chain["collect"]
+    path = c.artifacts["dataset"].uri
+    with open(path) as fh:
+        rows = [json.loads(line) for line in fh]
+    assert len(rows) == 8 == c.metrics["n_trajectories"] == c.metrics["generations"]
+    assert all(r["split"] == "train" and r["metadata"]["generations"] == 1 for r in rows)
+
+
+def test_bank_holds_the_dataset_and_snapshots_it(chain):
+    b = chain["bank"]
+    assert b.metrics["count"] == 8 and b.metrics["version"] == 1
+    assert b.artifacts["bank_snapshot"].kind == "bank_snapshot"
+
+
+def test_train_logs_curves_and_resumes_in_the_same_run(chain):
+    t, spec = chain["train"], chain["spec"]
+    assert t.metrics["steps"] == 2 and t.metrics["generations_total"] == 4
+    client = MlflowClient(f"sqlite:///{chain['run_dir']}/mlflow.db")
+    margins = client.get_metric_history(t.mlflow_run_id, "margin")
+    assert [m.step for m in margins] == [0, 1]
+    more = train(spec.model_copy(update={"schedule": spec.schedule.model_copy(update={"steps": 3})}))
+    assert more.mlflow_run_id == t.mlflow_run_id and more.metrics["steps"] == 3
+    assert [m.step for m in client.get_metric_history(t.mlflow_run_id, "beta")] == [0, 1, 2]
+    with pytest.raises(ValueError, match="another method config"):
+        train(spec.model_copy(update={"lopd": spec.lopd.model_copy(update={"top_m": 5})}))
+
+
+def test_lopd_train_needs_bank_and_composer(chain):
+    with pytest.raises(ValueError, match="needs bank_snapshot"):
+        TrainSpec(dataset=chain["collect"].artifacts["dataset"])
+
+
+def test_stage_cli_help_and_spec_errors():
+    out = subprocess.run([sys.executable, "-m", "components.train", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "lopd.top_m" in out.stdout and "schedule.steps" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "components.collect", "n_tasks=0", "--print-spec"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "n_tasks" in bad.stderr
