@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-tiny test test-slow lint format bench clean
+.PHONY: venv demo demo-tiny test test-slow lint format bench clean validate-deploy image
 
 # Create/refresh the virtual environment. torch==2.13.0 goes first so nothing later pulls a CUDA build.
 $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
@@ -41,6 +41,18 @@ test-slow: venv
 bench: venv
 	$(PY) bench/step_cost.py
 	$(PY) bench/loss_memory.py
+
+# Deployment files validated offline (the same checks run in `make test`): k8s manifests and overlays,
+# the Prefect GPU job template, Dockerfiles, the compose file.
+validate-deploy: venv
+	$(PY) scripts/validate_deploy.py
+
+# lopd-platform:cpu built on this machine without registry pulls (root; 12-20 min the first time,
+# about 2 min after a source change; docs/scale-out.md). Not part of `make test` or CI.
+image:
+	command -v dockerd >/dev/null && command -v debootstrap >/dev/null || \
+		(apt-get update -q && apt-get install -y -q --no-install-recommends docker.io debootstrap)
+	bash docker/build-local-image.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
