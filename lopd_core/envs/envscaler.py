@@ -1,0 +1,482 @@
+"""EnvScaler-format suites: environments as Python class source + tool schemas + rules, scenarios with checks.
+
+The same loader reads the built-in `toolworld` suite (shipped data files) and real EnvScaler files:
+
+* environment items (`191_env_metadata.json`): a JSON object keyed by env_id (or a list) of
+  `{"env_id", "environment_introduction", "constraints_rules", "env_class_name", "env_class_code", "tools", ...}`;
+  `tools` in the OpenAI layout, flat, or as a JSON string;
+* scenario items (a JSON list): `{"env_id", "env_class_name", "task_id", "init_config", "task",
+  "checklist_with_func": [{"check_item", "check_func"}], ...}`.
+
+An episode follows EnvScaler's non-conversational environment: the initial observation is the task; each
+assistant turn calls tools (observations come back as "tool" messages) or answers without a call, which
+ends the episode. The reward is computed as EnvScaler does: every check function runs on the initial and
+final state, reward = (number of checks returning True) / (number of checks), rounded to 4 places; a check
+that raises, returns a non-bool, times out, crashes or tries a forbidden operation counts as failed.
+
+Dataset code never runs in this process: each episode has one sandboxed worker holding the environment
+instance and, at the end, a second fresh worker running the checks (`lopd_core.sandbox`). States travel
+between them as opaque pickles that only the workers unpickle. Parse errors, unknown tools, bad arguments,
+tool exceptions and tool timeouts become observations and are counted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from lopd_core.conversation import Message
+from lopd_core.envs.actions import TASK_SUFFIX, ToolCall, format_call, parse_action, tool_call_instructions
+from lopd_core.envs.base import SPLITS, EpisodeResult, StepResult, Task
+from lopd_core.envs.tools import normalize_tools, validate_arguments
+from lopd_core.sandbox import Sandbox, SandboxLimits, SandboxResult
+
+ERROR_EVENTS = ("parse_error", "unknown_tool", "bad_args", "tool_error", "extra_calls")
+
+
+@dataclass(frozen=True)
+class EnvScalerConfig:
+    """Knobs of an EnvScaler-format suite."""
+
+    limits: SandboxLimits = field(default_factory=lambda: SandboxLimits(timeout_s=10.0, memory_mb=1024, cpu_s=300))
+    check_timeout_s: float = 5.0  # per check function
+    max_calls_per_turn: int = 1  # further calls in the same turn are ignored (noted, counted as "extra_calls")
+    max_observation_chars: int = 2000  # longer tool results are cut (the model sees a note)
+    trace_result_chars: int = 80  # tool results in the compact trace are cut to this length
+    include_rules: bool = True  # show the environment's rules in the system prompt
+    call_style: str = "flat"  # how the prompt shows tool calls: "flat" {"tool": ...} or "nested" {"name", "arguments"}
+
+
+# The worker-side helpers (trusted code executed inside the sandbox). `_lopd_env` holds the environment.
+_ENV_HELPERS = r"""
+import base64 as _b64, copy as _copy, json as _json, pickle as _pickle, sys as _sys, types as _types
+
+def _lopd_load(code, class_name):
+    module = _types.ModuleType("lopd_env")
+    _sys.modules["lopd_env"] = module
+    exec(compile(code, "<env_class_code>", "exec"), module.__dict__)
+    if not hasattr(module, class_name):
+        raise ValueError(f"class {class_name!r} not found in env_class_code")
+    return getattr(module, class_name)
+
+def _lopd_state(obj):
+    return {k: v for k, v in vars(obj).items() if not (k.startswith("__") and k.endswith("__"))}
+
+def _lopd_dump(state):
+    try:
+        return "pickle:" + _b64.b64encode(_pickle.dumps(_copy.deepcopy(state))).decode()
+    except Exception:
+        return "json:" + _json.dumps(state, default=repr)
+
+def _lopd_undump(blob):
+    kind, data = blob.split(":", 1)
+    return _pickle.loads(_b64.b64decode(data)) if kind == "pickle" else _json.loads(data)
+
+def _lopd_init(code, class_name, init_config):
+    global _lopd_env
+    cls = _lopd_load(code, class_name)
+    config = _copy.deepcopy(init_config)
+    try:
+        env = cls(config if config and isinstance(config, dict) else {})
+    except TypeError:
+        env = cls()
+    for key, value in (init_config or {}).items():
+        setattr(env, key, _copy.deepcopy(value))
+    _lopd_env = env
+    return _lopd_dump(_lopd_state(env))
+
+def _lopd_restore(code, class_name, blob):
+    global _lopd_env
+    cls = _lopd_load(code, class_name)
+    env = cls.__new__(cls)
+    for key, value in _lopd_undump(blob).items():
+        setattr(env, key, value)
+    _lopd_env = env
+    return True
+
+def _lopd_call(name, arguments):
+    method = getattr(_lopd_env, name, None) if not name.startswith("_") else None
+    if not callable(method):
+        raise AttributeError(f"the environment has no tool {name!r}")
+    result = method(**arguments)
+    try:
+        text = _json.dumps(result, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = str(result)
+    return {"observation": text, "state": _lopd_dump(_lopd_state(_lopd_env))}
+
+def _lopd_check(func_code, init_blob, final_blob):
+    namespace = {"__builtins__": __builtins__, "initial_state": _lopd_undump(init_blob)}
+    exec(compile(func_code, "<check_func>", "exec"), namespace)
+    if "check_func" not in namespace:
+        return {"result": None, "error": "function 'check_func' not found"}
+    result = namespace["check_func"](_lopd_undump(final_blob))
+    if not isinstance(result, bool):
+        return {"result": None, "error": f"check_func returned {type(result).__name__}, not bool"}
+    return {"result": result, "error": None}
+"""
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+
+def _read_json(source: str | Path | Any) -> Any:
+    if isinstance(source, (str, Path)):
+        with open(source, encoding="utf-8") as fh:
+            return json.load(fh)
+    return source
+
+
+def load_env_items(source: str | Path | dict[str, Any] | list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Environment items keyed by env_id, from a file (object keyed by env_id, or a list) or loaded JSON."""
+    data = _read_json(source)
+    items = data.items() if isinstance(data, dict) else ((item.get("env_id"), item) for item in data)
+    out: dict[str, dict[str, Any]] = {}
+    for key, item in items:
+        if not isinstance(item, dict):
+            raise ValueError(f"environment item {key!r} is not an object")
+        env_id = str(item.get("env_id") or key)
+        missing = [f for f in ("env_class_code", "tools") if f not in item]
+        if missing:
+            raise ValueError(f"environment {env_id!r} lacks {missing}")
+        out[env_id] = {**item, "env_id": env_id, "tools": normalize_tools(item["tools"])}
+    return out
+
+
+def load_scenarios(source: str | Path | list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any]]:
+    """Scenario items from a file (a list, or an object whose values are items) or loaded JSON."""
+    data = _read_json(source)
+    items = list(data.values()) if isinstance(data, dict) else list(data)
+    for i, item in enumerate(items):
+        missing = [f for f in ("env_id", "task", "checklist_with_func") if f not in item]
+        if missing:
+            raise ValueError(f"scenario #{i} ({item.get('task_id', '?')}) lacks {missing}")
+    return items
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+
+
+def system_prompt(
+    env_item: dict[str, Any], tools: Sequence[dict[str, Any]], include_rules: bool = True, call_style: str = "flat"
+) -> str:
+    """The system message: what the environment is, its rules, the tools and the action format."""
+    parts = [str(env_item.get("environment_introduction") or env_item.get("environment_summary") or "").strip()]
+    rules = env_item.get("constraints_rules") or []
+    if include_rules and rules:
+        parts.append("Rules:\n" + "\n".join(f"- {rule}" for rule in rules))
+    parts.append(tool_call_instructions(tools, call_style, env_item.get("usage_examples") or ()))
+    return "\n\n".join(p for p in parts if p)
+
+
+# ---------------------------------------------------------------------------------------------- episode
+
+
+class EnvScalerEpisode:
+    """One scenario played through text actions; see the module docstring for the protocol."""
+
+    def __init__(
+        self,
+        task: Task,
+        scenario: dict[str, Any],
+        env_item: dict[str, Any],
+        config: EnvScalerConfig,
+    ) -> None:
+        self.task = task
+        self.scenario = scenario
+        self.env_item = env_item
+        self.config = config
+        self.tools = {t["name"]: t for t in task.tools}
+        self._class_name = str(scenario.get("env_class_name") or env_item.get("env_class_name") or "")
+        self._env: Sandbox | None = None
+        self._env_loaded = False  # helpers and the environment instance live in the current worker
+        self._checker: Sandbox | None = None
+        self._init_blob: str | None = None
+        self._state_blob: str | None = None
+        self._env_error: str | None = None
+        self._trace: list[str] = []
+        self._error_counts = {e: 0 for e in ERROR_EVENTS}
+        self._n_calls = 0
+        self._done = False
+        self._result: EpisodeResult | None = None
+
+    # --------------------------------------------------------------------------------- environment
+
+    def _start_env(self) -> bool:
+        """Start the environment worker and build the initial state; False if the environment cannot run."""
+        if self._env_error is not None:
+            return False  # a permanent failure: the environment cannot be built
+        if self._env_loaded and self._env is not None and self._env.alive:
+            return True
+        self._env = self._env or Sandbox(self.config.limits)
+        setup = self._env.exec(_ENV_HELPERS, filename="<lopd-env-helpers>")
+        if not setup.ok:
+            self._env_error = f"sandbox setup failed: {setup.error}"
+            return False
+        code = self.env_item["env_class_code"]
+        if self._state_blob is None:
+            built = self._env.call("_lopd_init", code, self._class_name, self.scenario.get("init_config") or {})
+            if not built.ok or built.violations:
+                self._env_error = f"environment failed to initialise: {built.error or built.violations}"
+                return False
+            self._init_blob = self._state_blob = built.value
+        else:  # the worker died (timeout/crash): rebuild the instance from the last state snapshot
+            restored = self._env.call("_lopd_restore", code, self._class_name, self._state_blob)
+            if not restored.ok:
+                self._env_error = f"environment could not be restored: {restored.error}"
+                return False
+        self._env_loaded = True
+        return True
+
+    def _execute(self, call: ToolCall) -> tuple[str, str]:
+        """Run one tool call; returns (observation text, event)."""
+        tool = self.tools.get(call.name)
+        if tool is None:
+            names = ", ".join(self.tools)
+            return f"Error: unknown tool {call.name!r}. Available tools: {names}.", "unknown_tool"
+        arguments, problem = validate_arguments(tool, call.arguments)
+        if problem:
+            return f"Error: {problem}.", "bad_args"
+        if not self._start_env():
+            return f"Error: the environment is unavailable ({self._env_error}).", "tool_error"
+        assert self._env is not None
+        result: SandboxResult = self._env.call("_lopd_call", call.name, arguments)
+        if result.ok and not result.violations:
+            self._state_blob = result.value["state"]
+            return self._cut(result.value["observation"]), "call"
+        if result.ok:  # the tool did something forbidden and then returned normally
+            return f"Error: the tool attempted a forbidden operation ({'; '.join(result.violations)}).", "tool_error"
+        if result.error_type in ("timeout", "crash", "too_large"):
+            self._env.close()  # restarted from the last state on the next call
+            self._env_loaded = False
+            return f"Error: the tool call failed ({result.error}).", "tool_error"
+        return f"Error: {result.error}", "tool_error"
+
+    def _cut(self, text: str) -> str:
+        limit = self.config.max_observation_chars
+        return text if len(text) <= limit else text[:limit] + f" ... [cut, {len(text) - limit} more characters]"
+
+    # -------------------------------------------------------------------------------------- protocol
+
+    def initial_messages(self) -> list[Message]:
+        # Start both workers now, without waiting: they come up while the model writes its first turn.
+        self._env = self._env or Sandbox(self.config.limits)
+        self._checker = self._checker or Sandbox(replace(self.config.limits, timeout_s=self.config.check_timeout_s))
+        self._env.spawn()
+        self._checker.spawn()
+        prompt = system_prompt(self.env_item, self.task.tools, self.config.include_rules, self.config.call_style)
+        return [Message("system", prompt), Message("user", f"{self.task.instruction}\n{TASK_SUFFIX}")]
+
+    def step(self, action: str) -> StepResult:
+        if self._done:
+            raise RuntimeError(f"episode {self.task.task_id} is already finished")
+        parsed = parse_action(action)
+        if parsed.error is not None:
+            self._error_counts["parse_error"] += 1
+            self._trace.append("parse error")
+            hint = "Write one JSON tool call as shown in the tool list, or answer without JSON when done."
+            return StepResult([Message("tool", f"Error: {parsed.error}. {hint}")], done=False, event="parse_error")
+        if not parsed.calls:
+            self._done = True
+            self._trace.append(f"answer: {_short(parsed.text, self.config.trace_result_chars)}")
+            return StepResult([], done=True, event="finish")
+        messages, events = [], []
+        limit = self.config.max_calls_per_turn
+        for call in parsed.calls[:limit]:
+            self._n_calls += 1
+            observation, event = self._execute(call)
+            if event != "call":
+                self._error_counts[event] += 1
+            messages.append(Message("tool", observation))
+            events.append(event)
+            short = "error" if event != "call" else _short(observation, self.config.trace_result_chars)
+            self._trace.append(f"{format_call(call)} -> {short}")
+        ignored = len(parsed.calls) - limit
+        if ignored > 0:  # EnvScaler runs one action per step: further calls in the turn do not run
+            self._error_counts["extra_calls"] += 1
+            note = f"(Only {limit} tool call per turn runs; {ignored} more in your reply were ignored.)"
+            last = messages[-1]
+            messages[-1] = Message("tool", f"{last.content}\n{note}")
+            events.append("extra_calls")
+        event = next((e for e in events if e != "call"), "call")
+        return StepResult(messages, done=False, event=event, n_calls=min(len(parsed.calls), limit))
+
+    def result(self) -> EpisodeResult:
+        """Score the final state (runs the checks once; later calls return the same result)."""
+        if self._result is not None:
+            return self._result
+        self._done = True
+        checks = self._run_checks()
+        passed = sum(1 for c in checks if c["passed"])
+        reward = round(passed / len(checks), 4) if checks else 0.0
+        n_errors = sum(self._error_counts.values())
+        self._result = EpisodeResult(
+            reward=reward,
+            checks=checks,
+            trace="\n".join(self._trace),
+            n_calls=self._n_calls,
+            n_errors=n_errors,
+            error_counts=dict(self._error_counts),
+        )
+        self.close()
+        return self._result
+
+    def _run_checks(self) -> list[dict[str, Any]]:
+        items = self.scenario.get("checklist_with_func") or []
+        if self._init_blob is None:
+            self._start_env()
+        if self._init_blob is None or self._state_blob is None:
+            detail = self._env_error or "the environment could not be built"
+            return [{"name": _check_name(it, i), "passed": False, "detail": detail} for i, it in enumerate(items)]
+        out = []
+        checker = self._checker or Sandbox(replace(self.config.limits, timeout_s=self.config.check_timeout_s))
+        self._checker = checker
+        generation = -1
+        try:
+            for i, item in enumerate(items):
+                if generation != checker.restarts:  # fresh or restarted worker: load helpers and classes
+                    generation = checker.restarts
+                    ready = checker.exec(_ENV_HELPERS, filename="<lopd-env-helpers>")
+                    if ready.ok:
+                        ready = checker.call("_lopd_load", self.env_item["env_class_code"], self._class_name)
+                    if not ready.ok and checker.restarts == generation:
+                        detail = f"checker setup failed: {ready.error}"
+                        out += [
+                            {"name": _check_name(it, j), "passed": False, "detail": detail}
+                            for j, it in enumerate(items[i:], i)
+                        ]
+                        break
+                res = checker.call("_lopd_check", item.get("check_func", ""), self._init_blob, self._state_blob)
+                if not res.ok:
+                    detail = f"{res.error_type}: {res.error}"
+                elif res.violations:
+                    detail = "sandbox violation: " + "; ".join(res.violations)
+                else:
+                    detail = res.value.get("error") or ""
+                passed = res.ok and not res.violations and res.value.get("result") is True
+                out.append({"name": _check_name(item, i), "passed": bool(passed), "detail": detail})
+        finally:
+            checker.close()
+            self._checker = None
+        return out
+
+    def close(self) -> None:
+        for box in (self._env, self._checker):
+            if box is not None:
+                box.close()
+        self._env = self._checker = None
+        self._env_loaded = False
+
+
+def _short(text: str, n: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _check_name(item: dict[str, Any], i: int) -> str:
+    return str(item.get("check_item") or f"check {i + 1}")
+
+
+# ------------------------------------------------------------------------------------------------ suite
+
+
+class EnvScalerSuite:
+    """Tasks per split from EnvScaler-format environment and scenario items; episodes run sandboxed."""
+
+    def __init__(
+        self,
+        env_items: dict[str, dict[str, Any]],
+        scenarios: dict[str, Iterable[dict[str, Any]]],
+        name: str = "envscaler",
+        config: EnvScalerConfig | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config or EnvScalerConfig()
+        self.env_items = env_items
+        self._scenarios: dict[str, dict[str, Any]] = {}
+        self._tasks: dict[str, list[Task]] = {s: [] for s in SPLITS}
+        self.skipped: list[str] = []  # scenarios left out (unknown environment or no checks), with the reason
+        for split, items in scenarios.items():
+            if split not in SPLITS:
+                raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+            for index, item in enumerate(items):
+                self._add(split, index, item)
+
+    def _add(self, split: str, index: int, item: dict[str, Any]) -> None:
+        env_id = str(item["env_id"])
+        task_id = str(item.get("task_id") or f"{env_id}-{index}")
+        if env_id not in self.env_items:
+            self.skipped.append(f"{task_id}: unknown environment {env_id!r}")
+            return
+        if not item.get("checklist_with_func"):
+            self.skipped.append(f"{task_id}: no checks")
+            return
+        if task_id in self._scenarios:
+            raise ValueError(f"duplicate task_id {task_id!r} (task ids must be unique across splits)")
+        self._scenarios[task_id] = item
+        difficulty = item.get("difficulty")
+        self._tasks[split].append(
+            Task(
+                task_id=task_id,
+                env_id=env_id,
+                split=split,
+                instruction=str(item["task"]),
+                tools=tuple(self.env_items[env_id]["tools"]),
+                suite=self.name,
+                difficulty=int(difficulty) if difficulty is not None else None,
+                metadata={"n_checks": len(item["checklist_with_func"])},
+            )
+        )
+
+    @classmethod
+    def from_files(
+        cls,
+        env_metadata: str | Path,
+        scenarios: dict[str, str | Path | Sequence[str | Path]],
+        name: str = "envscaler",
+        config: EnvScalerConfig | None = None,
+    ) -> EnvScalerSuite:
+        """`scenarios` maps a split to one scenario file or several."""
+        loaded: dict[str, list[dict[str, Any]]] = {}
+        for split, paths in scenarios.items():
+            paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+            loaded[split] = [item for p in paths for item in load_scenarios(p)]
+        return cls(load_env_items(env_metadata), loaded, name=name, config=config)
+
+    def tasks(self, split: str) -> list[Task]:
+        if split not in self._tasks:
+            raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+        return list(self._tasks[split])
+
+    def task(self, task_id: str) -> Task:
+        for tasks in self._tasks.values():
+            for task in tasks:
+                if task.task_id == task_id:
+                    return task
+        raise KeyError(task_id)
+
+    def scenario(self, task_id: str) -> dict[str, Any]:
+        """The raw scenario item (it may hold a reference solution: never show it to the policy)."""
+        return self._scenarios[task_id]
+
+    def episode(self, task: Task) -> EnvScalerEpisode:
+        scenario = self._scenarios[task.task_id]
+        return EnvScalerEpisode(task, scenario, self.env_items[task.env_id], self.config)
+
+
+def split_scenarios(
+    items: Sequence[dict[str, Any]], n_eval: int = 200, seed: int = 0
+) -> dict[str, list[dict[str, Any]]]:
+    """Split one scenario list into train/eval by a seeded shuffle (for users with a single EnvScaler file)."""
+    import random
+
+    order = list(range(len(items)))
+    random.Random(seed).shuffle(order)
+    eval_ids = set(order[:n_eval])
+    return {
+        "train": [it for i, it in enumerate(items) if i not in eval_ids],
+        "eval": [it for i, it in enumerate(items) if i in eval_ids],
+    }
