@@ -18,11 +18,14 @@ $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
 
 venv: $(STAMP)
 
+# The main job: the whole DAG (collect -> bank -> cold-start -> LOPD train -> evaluate -> report) on embedded
+# defaults (Prefect's ephemeral API, embedded Qdrant, MLflow sqlite store) with SmolLM2-135M-Instruct on CPU.
 demo: venv
-	$(PY) -m lopd_core.demo --backbone smollm2-135m
+	$(PY) -m flows.cli run configs/demo.yaml
 
+# The same DAG on the tiny random backbone: a one-minute look at the plumbing.
 demo-tiny: venv
-	$(PY) -m lopd_core.demo --backbone tiny
+	$(PY) -m flows.cli run configs/tiny.yaml
 
 lint: venv
 	$(PY) -m ruff check .
@@ -41,6 +44,9 @@ test-slow: venv
 bench: venv
 	$(PY) bench/step_cost.py
 	$(PY) bench/loss_memory.py
+	$(PY) bench/rollout_throughput.py
+	$(PY) bench/retrieval.py
+	$(PY) bench/pipeline_rerun.py
 
 # Deployment files validated offline (the same checks run in `make test`): k8s manifests and overlays,
 # the Prefect GPU job template, Dockerfiles, the compose file.

@@ -1,0 +1,291 @@
+"""`lopd`: one command over the platform's flows and components.
+
+lopd run configs/demo.yaml                        # the whole pipeline in this process (Prefect's ephemeral API)
+lopd run configs/tiny.yaml -s seeds='[0, 1]'      # dotted overrides
+lopd run configs/demo.yaml -d lopd-pipeline/local # as a run of a deployment on a Prefect server
+lopd bank stats -l runs/demo/bank                 # the experience memory (components.memory_cli)
+lopd eval backbone=smollm2-135m 'benchmarks=[toolworld]'   # the evaluate stage on its own
+lopd compare --run-dir runs/demo                  # compare runs from MLflow
+lopd deploy                                       # work pools + every deployment of prefect.yaml
+lopd watch --run-dir runs/demo --min-growth 50    # bank-watch once: emit the re-training event if grown
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from components.memory_cli import bank_app
+
+ROOT = Path(__file__).resolve().parents[1]
+PROCESS_POOL = "lopd-process"
+GPU_POOL = "lopd-gpu"
+GPU_TEMPLATE = ROOT / "k8s" / "prefect" / "gpu-job-template.json"
+
+app = typer.Typer(
+    name="lopd",
+    help="LOPD platform: run the pipeline, manage the experience bank, evaluate, compare runs, deploy.\n\n"
+    "Start with `lopd run configs/tiny.yaml` (a one-minute look on a tiny model) or `lopd run configs/demo.yaml` "
+    "(SmolLM2-135M on CPU, ~10 minutes). Configs: configs/*.yaml; see docs/orchestration.md.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(bank_app, name="bank", help="Experience memory: ingest, query, stats, snapshot, restore, audit.")
+
+
+def _prefect_defaults() -> None:
+    """Settings for Prefect's ephemeral API on small machines (an explicit environment wins)."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def print_summary(summary: dict[str, Any], elapsed: float | None = None) -> None:
+    """What a finished pipeline run tells its user: the evaluation, where things are, how to look at them."""
+    echo = typer.echo
+    echo("")
+    echo(summary.get("evaluation") or "(no evaluation table)")
+    stages = summary.get("stages", [])
+    cached = [s["label"] for s in stages if s["cached"]]
+    echo(
+        f"Stages: {len(stages)} ({len(cached)} from the cache{': ' + ', '.join(cached) if cached else ''})"
+        + (f"; {elapsed:.0f} s" if elapsed is not None else "")
+    )
+    echo(f"Run directory:  {summary['run_dir']}")
+    echo(f"Artifacts:      {summary['artifact_root']}")
+    echo(f"Report:         {summary['report']}")
+    echo(
+        f"MLflow:         experiment {summary['experiment']!r}, pipeline run {summary['pipeline_run_id']} "
+        f"in {summary['tracking_uri']}"
+    )
+    if summary.get("mlflow_ui"):
+        echo(f"  open the MLflow UI:  {summary['mlflow_ui']}   then http://127.0.0.1:5000")
+    flow_run_id = summary.get("flow_run_id")
+    if os.environ.get("PREFECT_API_URL"):
+        echo(f"Prefect:        flow run {summary.get('flow_run_url') or flow_run_id}")
+    elif flow_run_id:
+        echo(f"Prefect:        flow run {flow_run_id} (recorded in {os.environ.get('PREFECT_HOME', '~/.prefect')})")
+        echo(f"  open the Prefect UI: prefect server start   then http://127.0.0.1:4200/runs/flow-run/{flow_run_id}")
+
+
+@app.command()
+def run(
+    config: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Pipeline YAML: configs/tiny.yaml, configs/demo.yaml, configs/paper.yaml, or your own. "
+            "Default: the paper's defaults."
+        ),
+    ] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            "-s",
+            help="key=value override with dotted keys, repeatable: -s train.schedule.steps=3 "
+            "-s 'methods=[lopd, grpo]' -s 'seeds=[0, 1]'.",
+        ),
+    ] = None,
+    run_dir: Annotated[str | None, typer.Option(help="Shortcut for -s run_dir=DIR.")] = None,
+    deployment: Annotated[
+        str | None,
+        typer.Option(
+            "--deployment",
+            "-d",
+            help="Run as a flow run of this deployment (e.g. lopd-pipeline/local) on "
+            "the Prefect server at $PREFECT_API_URL, instead of in this process.",
+        ),
+    ] = None,
+    wait: Annotated[bool, typer.Option(help="With --deployment: wait for the run to finish.")] = True,
+    print_config: Annotated[bool, typer.Option(help="Print the resolved config as YAML and exit.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run's summary as JSON.")] = False,
+) -> None:
+    """Run the pipeline: collect -> bank -> cold-start -> train -> evaluate -> report.
+
+    By default everything runs in this process on embedded services: Prefect's ephemeral API, embedded Qdrant,
+    an MLflow sqlite store and the artifacts under the run directory. Completed stages are cached: running the
+    same config again takes seconds, and a changed parameter re-runs that stage and what depends on it.
+    """
+    from flows.config import load_config
+
+    items = list(overrides or []) + ([f"run_dir={run_dir}"] if run_dir else [])
+    try:
+        cfg = load_config(config, items)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    if print_config:
+        typer.echo(cfg.to_yaml())
+        return
+    _prefect_defaults()
+    if deployment:
+        _run_deployment(deployment, cfg.model_dump(mode="json"), wait, as_json)
+        return
+    import time
+
+    from flows.pipeline import lopd_pipeline
+
+    t0 = time.monotonic()
+    summary = lopd_pipeline(config=cfg)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+    else:
+        print_summary(summary, time.monotonic() - t0)
+
+
+def _run_deployment(name: str, config: dict[str, Any], wait: bool, as_json: bool) -> None:
+    if not os.environ.get("PREFECT_API_URL"):
+        _fail("--deployment needs a Prefect server: set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)")
+    from prefect.deployments import run_deployment
+
+    run_ = run_deployment(name, parameters={"config": config}, timeout=None if wait else 0, as_subflow=False)
+    state = run_.state
+    info = {"flow_run_id": str(run_.id), "name": run_.name, "state": state.name if state else None}
+    typer.echo(json.dumps(info) if as_json else f"flow run {run_.name} ({run_.id}): {info['state']}")
+    if wait and (state is None or not state.is_completed()):
+        raise typer.Exit(1)
+
+
+@app.command(
+    name="eval",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def eval_(ctx: typer.Context) -> None:
+    """Evaluate a checkpoint or a backbone: a spec file and key=value overrides (`lopd eval --help`: every field).
+
+    The same evaluate stage the pipeline runs (components.evaluate), e.g.
+    lopd eval backbone=smollm2-135m 'benchmarks=[{name: toolworld, sample: 20}]'
+    """
+    from components.evaluate import main
+
+    raise typer.Exit(main(list(ctx.args)))
+
+
+@app.command()
+def compare(
+    run_dir: Annotated[str | None, typer.Option(help="A pipeline run directory (its MLflow sqlite store).")] = None,
+    tracking_uri: Annotated[
+        str | None, typer.Option(help="MLflow store; default $MLFLOW_TRACKING_URI, else the run directory's.")
+    ] = None,
+    experiment: Annotated[str, typer.Option(help="MLflow experiment.")] = "lopd",
+    pipeline_run: Annotated[str | None, typer.Option(help="Only the evaluations of this MLflow pipeline run.")] = None,
+    method: Annotated[str | None, typer.Option(help="Only this method (lopd, grpo, ..., base).")] = None,
+    budget: Annotated[
+        float | None, typer.Option(help="Equal-budget view at this many generations (default: the smallest).")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Write report.md, comparison.json and the curves here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the data as JSON instead of markdown.")] = False,
+) -> None:
+    """Compare evaluated runs from MLflow: methods x seeds x benchmarks, and training at an equal budget."""
+    from components.tracking import resolve_tracking_uri
+    from flows.report import compare as compare_runs
+
+    if tracking_uri is None and run_dir is None and not os.environ.get("MLFLOW_TRACKING_URI"):
+        _fail("give --run-dir or --tracking-uri (or set MLFLOW_TRACKING_URI)")
+    uri = resolve_tracking_uri(tracking_uri, Path(run_dir).resolve() if run_dir else None)
+    try:
+        text, data = compare_runs(
+            uri, experiment, pipeline_run_id=pipeline_run, method=method, budget=budget, out_dir=out
+        )
+    except ValueError as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(data, indent=2, default=str) if as_json else text)
+
+
+@app.command()
+def deploy(
+    prefect_file: Annotated[Path, typer.Option(help="The deployments file.")] = ROOT / "prefect.yaml",
+    name: Annotated[
+        list[str] | None, typer.Option(help="Only these deployments ('flow/name'), repeatable. Default: all.")
+    ] = None,
+    registry: Annotated[
+        str | None,
+        typer.Option(
+            envvar="LOPD_REGISTRY",
+            help="Registry prefix of the lopd-platform images, e.g. registry.example.internal/lopd.",
+        ),
+    ] = None,
+    pools: Annotated[bool, typer.Option(help="Create the work pools lopd-process and lopd-gpu first.")] = True,
+) -> None:
+    """Register the deployments of prefect.yaml on the Prefect server at $PREFECT_API_URL.
+
+    Creates the work pools first: lopd-process (type process, local runs) and lopd-gpu (type kubernetes, from
+    k8s/prefect/gpu-job-template.json: nvidia.com/gpu limits, node selector, tolerations). Then runs
+    `prefect deploy --all` from the repository root. Start a local worker with
+    `prefect worker start --pool lopd-process`.
+    """
+    if not os.environ.get("PREFECT_API_URL"):
+        _fail("set PREFECT_API_URL to the Prefect server's API (e.g. http://127.0.0.1:4200/api)")
+    if not prefect_file.exists():
+        _fail(f"{prefect_file} does not exist")
+    env = {**os.environ, "PREFECT_CLI_PROMPT": "false"}
+    prefect = [sys.executable, "-m", "prefect"]
+    if pools:
+        if subprocess.run([*prefect, "work-pool", "inspect", PROCESS_POOL], env=env, capture_output=True).returncode:
+            _check([*prefect, "work-pool", "create", PROCESS_POOL, "--type", "process"], env)
+        _check(
+            [
+                *prefect,
+                "work-pool",
+                "create",
+                GPU_POOL,
+                "--type",
+                "kubernetes",
+                "--base-job-template",
+                str(GPU_TEMPLATE),
+                "--overwrite",
+            ],
+            env,
+        )
+    source = prefect_file.resolve()
+    if registry:
+        text = source.read_text().replace("image: lopd-platform:", f"image: {registry.rstrip('/')}/lopd-platform:")
+        source = source.parent / f".{source.stem}.deploy.yaml"
+        source.write_text(text)
+    targets = [arg for n in name for arg in ("--name", n)] if name else ["--all"]
+    try:
+        _check([*prefect, "deploy", *targets, "--prefect-file", str(source)], env, cwd=ROOT)
+    finally:
+        if registry:
+            source.unlink(missing_ok=True)
+
+
+def _check(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
+    typer.echo("$ " + " ".join(cmd[2:] if cmd[:2] == [sys.executable, "-m"] else cmd))
+    done = subprocess.run(cmd, env=env, cwd=cwd)
+    if done.returncode:
+        raise typer.Exit(done.returncode)
+
+
+@app.command()
+def watch(
+    run_dir: Annotated[str, typer.Option(help="The pipeline run directory whose bank to watch.")] = "runs/local",
+    min_growth: Annotated[int, typer.Option(help="New bank entries that start a re-training.")] = 50,
+    debounce_s: Annotated[float, typer.Option(help="Do not announce again within this many seconds.")] = 3600.0,
+) -> None:
+    """Run bank-watch once: emit `lopd.bank.grown` when the bank grew by >= N entries since training.
+
+    With the deployments of prefect.yaml on a server, the event starts lopd-retrain/local. Scheduled watching
+    is the bank-watch/local deployment (its interval schedule is off until you turn it on).
+    """
+    _prefect_defaults()
+    from flows.retrain import bank_watch
+
+    typer.echo(json.dumps(bank_watch(run_dir=run_dir, min_growth=min_growth, debounce_s=debounce_s), indent=2))
+
+
+if __name__ == "__main__":
+    app()

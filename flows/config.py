@@ -1,0 +1,229 @@
+"""The pipeline's parameters: one typed model, shown by the Prefect UI as a form with the paper's defaults.
+
+    cfg = PipelineConfig()                                             # paper defaults (J=3, K=32, M=20, ...)
+    cfg = load_config("configs/demo.yaml", ["train.schedule.steps=3"])  # a preset plus dotted overrides
+
+A sweep is `methods` x `seeds`: collect and bank run once, cold-start once per seed (LOPD only), train and
+evaluate once per (method, seed), and the report compares them. Method hyperparameters live in `lopd` (every
+field of `lopd_core.config.LOPDConfig`); the sweep sets `lopd.method` and `lopd.seed` per member.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from components.common import RolloutSpec
+from components.evaluate import BenchmarkSpec, DecodingSpec, RolloutLimits
+from lopd_core.config import ColdStartConfig, LOPDConfig, ScheduleConfig
+
+Method = Literal["lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo"]
+RemoteStage = Literal["collect", "cold_start", "train", "evaluate"]
+GPU_STAGES: tuple[str, ...] = ("collect", "cold_start", "train", "evaluate")
+DEFAULT_DEPLOYMENTS = {
+    "collect": "lopd-stage/collect",
+    "cold_start": "lopd-stage/cold-start",
+    "train": "lopd-stage/train",
+    "evaluate": "lopd-stage/evaluate",
+}
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CollectParams(Model):
+    """The collect stage: the base model rolls out on training tasks; every trajectory is kept and verified."""
+
+    n_tasks: int | None = Field(32, ge=1, description="Training tasks (a seeded sample of the split; null = all).")
+    difficulties: list[int] | None = Field(None, description="Keep only these difficulty levels (null = all).")
+    samples_per_task: int = Field(1, ge=1, description="Rollouts per task.")
+    seed: int = Field(0, description="Task sample and sampling seed of the collection.")
+    rollout: RolloutSpec = RolloutSpec()
+
+
+class BankParams(Model):
+    """The experience memory the successes go into (and the composer retrieves from)."""
+
+    location: str | None = Field(
+        None, description='A directory (embedded Qdrant; default <run_dir>/bank), ":memory:" or a Qdrant URL.'
+    )
+    name: str = Field("experience", description="Bank (collection) name.")
+    embedder: str | None = Field(
+        None, description="sentence-transformers model or hashing-<dim>; default all-MiniLM-L6-v2 (offline)."
+    )
+
+
+class TrainParams(Model):
+    """The train stage (Algorithm 1): student rollouts, verification, one joint step per batch."""
+
+    schedule: ScheduleConfig = ScheduleConfig()
+    rollout: RolloutSpec = RolloutSpec()
+    n_train_tasks: int | None = Field(None, ge=1, description="Restrict to a seeded sample of the training split.")
+    difficulties: list[int] | None = Field(None, description="Train only on these difficulty levels.")
+
+
+def _default_benchmarks() -> list[BenchmarkSpec]:
+    return [BenchmarkSpec(name="toolworld"), BenchmarkSpec(name="bfcl"), BenchmarkSpec(name="humaneval")]
+
+
+class EvalParams(Model):
+    """The evaluate stage: the student alone (no context) on held-out tasks and benchmarks."""
+
+    benchmarks: list[BenchmarkSpec] = Field(default_factory=_default_benchmarks)
+    decoding: DecodingSpec = DecodingSpec()
+    rollout: RolloutLimits = RolloutLimits()
+    seed: int = Field(0, description="Task sample seed (the same tasks for every model).")
+    base: bool = Field(True, description="Also evaluate the base model: the reference row of the table.")
+    latent_eval: bool = Field(False, description="LOPD runs: also evaluate the latent teacher (a diagnostic).")
+
+    @field_validator("benchmarks", mode="before")
+    @classmethod
+    def _bare_names(cls, value: Any) -> Any:
+        """A benchmark may be given by its name alone: [toolworld, bfcl]."""
+        return [{"name": v} if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
+
+
+class ExecutionParams(Model):
+    """Where stages run, how failures are retried, and the stage cache."""
+
+    mode: Literal["in_process", "deployments"] = Field(
+        "in_process",
+        description="in_process: every stage in the pipeline's process (local). deployments: the GPU stages "
+        "as runs of their own deployments (Kubernetes pods at scale), via run_deployment.",
+    )
+    remote_stages: list[RemoteStage] = Field(
+        default_factory=lambda: list(GPU_STAGES), description="With mode=deployments: the stages sent away."
+    )
+    deployments: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_DEPLOYMENTS), description="Stage -> deployment ('flow/name')."
+    )
+    job_variables: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description='Per stage (or "default"): work pool job variables, e.g. {"train": {"gpu_count": 8}}.',
+    )
+    retries: int = Field(2, ge=0, description="Retries of a stage that failed on a transient error.")
+    retry_delay_s: float = Field(10.0, ge=0, description="First retry delay; doubles at each retry.")
+    stage_timeout_s: float | None = Field(None, gt=0, description="Longest wait for a stage deployment run.")
+    cache: bool = Field(True, description="Skip stages whose inputs, parameters and code are unchanged.")
+
+
+class PipelineConfig(Model):
+    """collect -> bank -> cold-start -> train -> evaluate -> report, for LOPD and baselines x seeds."""
+
+    run_dir: str = Field("runs/local", description="Working directory of the pipeline (bank, stages, MLflow db).")
+    artifact_root: str | None = Field(
+        None,
+        description="Artifact store: a directory or s3://... (default $LOPD_ARTIFACT_ROOT, else <run_dir>/artifacts).",
+    )
+    tracking_uri: str | None = Field(
+        None, description="MLflow store (default $MLFLOW_TRACKING_URI, else sqlite in run_dir)."
+    )
+    experiment: str = Field("lopd", description="MLflow experiment.")
+    backbone: str = Field("smollm2-135m", description='"tiny" | "smollm2-135m" | a local Hugging Face folder.')
+    suite: str = Field("toolworld", description="Training suite: toolworld | bfcl | envscaler:<env>:<train>[:<eval>].")
+    methods: list[Method] = Field(default_factory=lambda: ["lopd"], description="Methods of the sweep.")
+    seeds: list[int] = Field(default_factory=lambda: [0], description="Training seeds of the sweep.")
+    success_threshold: float = Field(1.0, ge=0, le=1, description="Reward that counts as a success (bank entry).")
+    threads: int = Field(1, ge=1, description="torch threads per stage.")
+    lopd: LOPDConfig = LOPDConfig()
+    collect: CollectParams = CollectParams()
+    bank: BankParams = BankParams()
+    cold_start: ColdStartConfig = ColdStartConfig()
+    train: TrainParams = TrainParams()
+    evaluate: EvalParams = EvalParams()
+    execution: ExecutionParams = ExecutionParams()
+
+    @model_validator(mode="after")
+    def _check(self) -> PipelineConfig:
+        if not self.methods or not self.seeds:
+            raise ValueError("the sweep needs at least one method and one seed")
+        if len(set(self.methods)) != len(self.methods) or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"methods and seeds must not repeat: {self.methods}, {self.seeds}")
+        if "grpo" in self.methods and self.train.schedule.samples_per_task < 2:
+            raise ValueError("method 'grpo' needs train.schedule.samples_per_task >= 2 (the group size G)")
+        unknown = set(self.execution.deployments) - set(GPU_STAGES)
+        if unknown:
+            raise ValueError(f"execution.deployments names unknown stages {sorted(unknown)}; stages: {GPU_STAGES}")
+        return self
+
+    # -- resolved locations (absolute, so that worker processes and pods agree)
+
+    def resolved_run_dir(self) -> Path:
+        return Path(self.run_dir).expanduser().resolve()
+
+    def resolved_artifact_root(self) -> str:
+        root = self.artifact_root or os.environ.get("LOPD_ARTIFACT_ROOT")
+        if root and "://" in root:
+            return root
+        return str(Path(root).expanduser().resolve()) if root else str(self.resolved_run_dir() / "artifacts")
+
+    def resolved_tracking_uri(self) -> str:
+        from components.tracking import resolve_tracking_uri
+
+        return resolve_tracking_uri(self.tracking_uri, self.resolved_run_dir())
+
+    def resolved_bank_location(self) -> str:
+        loc = self.bank.location
+        if loc and (loc == ":memory:" or "://" in loc):
+            return loc
+        return str(Path(loc).expanduser().resolve()) if loc else str(self.resolved_run_dir() / "bank")
+
+    def resolved(self) -> PipelineConfig:
+        """The same config with absolute local paths (what a pipeline run saves for re-training)."""
+        update: dict[str, Any] = {"run_dir": str(self.resolved_run_dir())}
+        if self.artifact_root:
+            update["artifact_root"] = self.resolved_artifact_root()
+        if self.bank.location:
+            update["bank"] = self.bank.model_copy(update={"location": self.resolved_bank_location()})
+        return self.model_copy(update=update)
+
+    def method_config(self, method: str, seed: int) -> LOPDConfig:
+        return self.lopd.model_copy(update={"method": method, "seed": seed})
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_defaults=False), sort_keys=False)
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """`data["a"]["b"] = value` for `dotted="a.b"` (creating the mappings on the way)."""
+    keys = dotted.split(".")
+    node = data
+    for key in keys[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = node[key] = {}
+        node = child
+    node[keys[-1]] = value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`key.path=value` overrides (YAML values: numbers, booleans, lists, null, strings) onto a mapping."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"override {item!r} is not key=value (e.g. train.schedule.steps=3)")
+        set_dotted(data, key.strip(), yaml.safe_load(raw) if raw.strip() else None)
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+    """A PipelineConfig from a YAML file (optional) plus `key=value` overrides; errors name the file and field."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"config file {path} does not exist (presets are in configs/)")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: expected a mapping of field: value")
+        data = loaded
+    apply_overrides(data, overrides or [])
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(f"invalid pipeline config{f' ({path})' if path else ''}:\n{exc}") from None

@@ -1,0 +1,467 @@
+"""`lopd-pipeline`: collect -> bank -> cold-start -> train -> evaluate -> report, for LOPD and baselines x seeds.
+
+    from flows.config import load_config
+    from flows.pipeline import lopd_pipeline
+    summary = lopd_pipeline(load_config("configs/tiny.yaml"))      # Prefect's ephemeral API unless PREFECT_API_URL
+
+The sweep: collect and bank once; cold-start per seed (LOPD only); train and evaluate per (method, seed); the
+base model is evaluated once as the reference row; the report compares everything (flows/report.py). Stages go
+through the stage cache (flows/stages.py): an unchanged pipeline re-runs in seconds, a changed parameter re-runs
+that stage and what depends on it. The pipeline's MLflow run (parent of every stage run) carries the Prefect
+flow run id and URL; the flow run gets a markdown report, a table of the evaluation and links to MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+from prefect.tasks import exponential_backoff
+from pydantic import BaseModel
+
+from components.bank import BankSpec
+from components.cold_start import ColdStartSpec
+from components.collect import CollectSpec
+from components.common import StageResult
+from components.evaluate import EvaluateSpec
+from components.tracking import Tag, Tracker, redact
+from components.train import TrainSpec
+from flows.config import PipelineConfig
+from flows.report import LABEL_TAG, TRAIN_RUN_TAG, ReportSpec
+from flows.stages import StageContext, retry_transient, stage_key, stage_task
+from lopd_core.artifacts import ArtifactRef
+
+PIPELINE_FILE = "pipeline.yaml"  # the config of the last pipeline run in a run_dir (read by re-training)
+TRAINED_FILE = "trained.json"  # the bank version the current models were trained on (read by bank-watch)
+
+
+@dataclass
+class Outcome:
+    stage: str
+    label: str
+    key: str
+    result: StageResult
+    cached: bool
+
+
+# ------------------------------------------------------------------------------------ the pipeline's MLflow run
+
+
+@task(
+    name="open-mlflow-pipeline-run",
+    cache_policy=NO_CACHE,
+    retries=3,
+    retry_delay_seconds=exponential_backoff(5),
+    retry_condition_fn=retry_transient,
+)
+def open_pipeline_run(cfg: PipelineConfig, flow_run_id: str | None, flow_run_url: str | None) -> str:
+    tracker = Tracker.open(
+        cfg.suite, run_dir=cfg.resolved_run_dir(), tracking_uri=cfg.resolved_tracking_uri(), experiment=cfg.experiment
+    )
+    single = len(cfg.methods) == 1 and len(cfg.seeds) == 1
+    run = tracker.start_pipeline(
+        f"pipeline {flow_run.name}" if flow_run.name else "pipeline",
+        config=cfg,
+        method=cfg.methods[0] if single else None,
+        seed=cfg.seeds[0] if single else None,
+        backbone=cfg.backbone,
+        prefect_flow_run_id=flow_run_id,
+        prefect_flow_run_url=flow_run_url,
+        tags={"lopd.methods": ",".join(cfg.methods), "lopd.seeds": ",".join(map(str, cfg.seeds))},
+    )
+    return run.run_id
+
+
+@task(
+    name="close-mlflow-pipeline-run",
+    cache_policy=NO_CACHE,
+    retries=3,
+    retry_delay_seconds=exponential_backoff(5),
+    retry_condition_fn=retry_transient,
+)
+def close_pipeline_run(cfg: PipelineConfig, run_id: str, outcomes: list[Outcome], status: str) -> None:
+    tracker = Tracker.open(
+        cfg.suite, run_dir=cfg.resolved_run_dir(), tracking_uri=cfg.resolved_tracking_uri(), experiment=cfg.experiment
+    )
+    stages = [
+        {
+            "stage": o.stage,
+            "label": o.label,
+            "key": o.key,
+            "cached": o.cached,
+            "mlflow_run_id": o.result.mlflow_run_id,
+            "summary": o.result.summary,
+        }
+        for o in outcomes
+    ]
+    tracker.call(
+        "logging stages.json", lambda: tracker.client.log_text(run_id, json.dumps(stages, indent=2), "stages.json")
+    )
+    tracker.call(
+        "tagging the pipeline run",
+        lambda: tracker.client.set_tag(
+            run_id, "lopd.cached_stages", f"{sum(o.cached for o in outcomes)}/{len(outcomes)}"
+        ),
+    )
+    tracker.end_run(run_id, status)
+
+
+# ---------------------------------------------------------------------------------------------- running stages
+
+
+def _run(calls: list[tuple[str, str, BaseModel]], ctx: StageContext, cfg: PipelineConfig) -> list[Outcome]:
+    """Run stage calls (stage, label, spec): one after the other in-process, concurrently as deployment runs."""
+    ex = cfg.execution
+    task_ = stage_task.with_options(retries=ex.retries, retry_delay_seconds=exponential_backoff(ex.retry_delay_s))
+    parallel = ex.mode == "deployments" and len(calls) > 1 and all(s in ctx.remote_stages for s, _, _ in calls)
+    if parallel:
+        futures = [task_.with_options(task_run_name=label).submit(stage, spec, ctx) for stage, label, spec in calls]
+        for future in futures:
+            future.wait()
+        states = [f.state for f in futures]
+    else:
+        states = [
+            task_.with_options(task_run_name=label)(stage, spec, ctx, return_state=True) for stage, label, spec in calls
+        ]
+    out = []
+    for (stage, label, spec), state in zip(calls, states, strict=True):
+        result = state.result()  # raises the stage's error
+        out.append(Outcome(stage, label, stage_key(stage, spec), result, state.name == "Cached"))
+    return out
+
+
+def stage_context(cfg: PipelineConfig) -> StageContext:
+    run_dir = cfg.resolved_run_dir()
+    ex = cfg.execution
+    env = {"MLFLOW_TRACKING_URI": cfg.resolved_tracking_uri(), "LOPD_ARTIFACT_ROOT": cfg.resolved_artifact_root()}
+    if "://" in cfg.resolved_bank_location():
+        env["LOPD_QDRANT_URL"] = cfg.resolved_bank_location()
+    return StageContext(
+        run_dir=str(run_dir),
+        cache_root=cfg.resolved_artifact_root(),
+        use_cache=ex.cache,
+        remote_stages=tuple(ex.remote_stages) if ex.mode == "deployments" else (),
+        deployments=dict(ex.deployments),
+        job_variables=ex.job_variables,
+        env=env,
+        timeout_s=ex.stage_timeout_s,
+    )
+
+
+def _common(cfg: PipelineConfig, parent_run_id: str, tags: dict[str, str]) -> dict[str, Any]:
+    return {
+        "run_dir": str(cfg.resolved_run_dir()),
+        "artifact_root": cfg.resolved_artifact_root(),
+        "tracking_uri": cfg.resolved_tracking_uri(),
+        "experiment": cfg.experiment,
+        "parent_run_id": parent_run_id,
+        "tags": tags,
+    }
+
+
+def collect_spec(cfg: PipelineConfig, common: dict[str, Any]) -> CollectSpec:
+    c = cfg.collect
+    return CollectSpec(
+        **common,
+        backbone=cfg.backbone,
+        suite=cfg.suite,
+        n_tasks=c.n_tasks,
+        difficulties=c.difficulties,
+        samples_per_task=c.samples_per_task,
+        rollout=c.rollout,
+        success_threshold=cfg.success_threshold,
+        seed=c.seed,
+        threads=cfg.threads,
+    )
+
+
+def bank_spec(cfg: PipelineConfig, common: dict[str, Any], dataset: ArtifactRef) -> BankSpec:
+    return BankSpec(
+        **common,
+        dataset=dataset,
+        suite=cfg.suite,
+        bank_location=cfg.resolved_bank_location(),
+        bank_name=cfg.bank.name,
+        embedder=cfg.bank.embedder,
+        success_threshold=cfg.success_threshold,
+    )
+
+
+def cold_start_spec(
+    cfg: PipelineConfig, common: dict[str, Any], seed: int, dataset: ArtifactRef, snapshot: ArtifactRef
+) -> ColdStartSpec:
+    return ColdStartSpec(
+        **common,
+        backbone=cfg.backbone,
+        suite=cfg.suite,
+        dataset=dataset,
+        bank_snapshot=snapshot,
+        lopd=cfg.method_config("lopd", seed),
+        cold=cfg.cold_start,
+        success_threshold=cfg.success_threshold,
+        threads=cfg.threads,
+    )
+
+
+def train_spec(
+    cfg: PipelineConfig,
+    common: dict[str, Any],
+    method: str,
+    seed: int,
+    dataset: ArtifactRef,
+    snapshot: ArtifactRef,
+    composer: ArtifactRef | None,
+) -> TrainSpec:
+    """Only LOPD reads the bank and the composer: a baseline's training does not depend on them."""
+    lopd = method == "lopd"
+    t = cfg.train
+    return TrainSpec(
+        **common,
+        backbone=cfg.backbone,
+        suite=cfg.suite,
+        dataset=dataset,
+        bank_snapshot=snapshot if lopd else None,
+        composer=composer if lopd else None,
+        lopd=cfg.method_config(method, seed),
+        schedule=t.schedule,
+        rollout=t.rollout,
+        n_train_tasks=t.n_train_tasks,
+        difficulties=t.difficulties,
+        threads=cfg.threads,
+    )
+
+
+def evaluate_spec(
+    cfg: PipelineConfig,
+    common: dict[str, Any],
+    label: str,
+    method: str,
+    seed: int | None,
+    train: StageResult | None,
+    bank: StageResult | None,
+) -> EvaluateSpec:
+    ev = cfg.evaluate
+    checkpoint = train.artifacts["checkpoint"].to_dict() if train else None
+    latent = ev.latent_eval and method == "lopd" and bank is not None
+    tags = {**common["tags"], "method": method, LABEL_TAG: label}
+    if seed is not None:
+        tags["seed"] = str(seed)
+    if train is not None and train.mlflow_run_id:
+        tags[TRAIN_RUN_TAG] = train.mlflow_run_id
+    return EvaluateSpec(
+        backbone=cfg.backbone,
+        checkpoint=checkpoint,
+        name=label,
+        benchmarks=ev.benchmarks,
+        decoding=ev.decoding,
+        rollout=ev.rollout,
+        seed=ev.seed,
+        latent_eval=latent,
+        bank=bank.artifacts["bank_snapshot"].to_dict() if latent and bank else None,
+        run_dir=common["run_dir"],
+        artifact_root=common["artifact_root"],
+        tracking=True,
+        tracking_uri=common["tracking_uri"],
+        experiment=common["experiment"],
+        parent_run_id=common["parent_run_id"],
+        tags=tags,
+        threads=cfg.threads,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ the flow
+
+
+@flow(name="lopd-pipeline", log_prints=True)
+def lopd_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
+    """collect -> bank -> cold-start -> train -> evaluate -> report for every method x seed of `config`."""
+    cfg = config
+    logger = get_run_logger()
+    run_dir = cfg.resolved_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / PIPELINE_FILE).write_text(cfg.resolved().to_yaml())
+    flow_run_id, flow_run_url = flow_run.id, flow_run.ui_url
+    retry = {"retries": cfg.execution.retries, "retry_delay_seconds": exponential_backoff(cfg.execution.retry_delay_s)}
+    pipe = open_pipeline_run.with_options(**retry)(cfg, flow_run_id, flow_run_url)
+    close = close_pipeline_run.with_options(**retry)
+    prefect_tags = {
+        k: v for k, v in {Tag.PREFECT_FLOW_RUN_ID: flow_run_id, Tag.PREFECT_FLOW_RUN_URL: flow_run_url}.items() if v
+    }
+    common = _common(cfg, pipe, prefect_tags)
+    ctx = stage_context(cfg)
+    outcomes: list[Outcome] = []
+
+    def run(calls: list[tuple[str, str, BaseModel]]) -> list[Outcome]:
+        done = _run(calls, ctx, cfg)
+        outcomes.extend(done)
+        return done
+
+    try:
+        (c,) = run([("collect", "collect", collect_spec(cfg, common))])
+        dataset = c.result.artifacts["dataset"]
+        (b,) = run([("bank", "bank", bank_spec(cfg, common, dataset))])
+        snapshot = b.result.artifacts["bank_snapshot"]
+        seeds, members = cfg.seeds, [(m, s) for m in cfg.methods for s in cfg.seeds]
+        composers: dict[int, ArtifactRef] = {}
+        if "lopd" in cfg.methods:
+            colds = run(
+                [
+                    ("cold_start", f"cold-start seed {s}", cold_start_spec(cfg, common, s, dataset, snapshot))
+                    for s in seeds
+                ]
+            )
+            composers = {s: o.result.artifacts["composer"] for s, o in zip(seeds, colds, strict=True)}
+        trained = run(
+            [
+                ("train", f"train {m} seed {s}", train_spec(cfg, common, m, s, dataset, snapshot, composers.get(s)))
+                for m, s in members
+            ]
+        )
+        calls = []
+        if cfg.evaluate.base:
+            base = evaluate_spec(cfg, common, f"{cfg.backbone} (base)", "base", None, None, None)
+            calls.append(("evaluate", "evaluate base", base))
+        for (m, s), t in zip(members, trained, strict=True):
+            spec = evaluate_spec(cfg, common, f"{m} seed {s}", m, s, t.result, b.result)
+            calls.append(("evaluate", f"evaluate {m} seed {s}", spec))
+        evaluated = run(calls)
+        report = ReportSpec(
+            **common,
+            suite=cfg.suite,
+            title=f"LOPD pipeline: {', '.join(cfg.methods)} x seeds {cfg.seeds}",
+            evaluate_run_ids=[o.result.mlflow_run_id for o in evaluated if o.result.mlflow_run_id],
+            evaluations=[o.result.artifacts["metrics"] for o in evaluated],
+        )
+        (r,) = run([("report", "report", report)])
+        summary = publish(cfg, pipe, r, outcomes, flow_run_id, flow_run_url)
+        record_trained(cfg, b.result, pipe, flow_run_id)
+    except BaseException:
+        try:
+            close(cfg, pipe, outcomes, "FAILED")
+        except Exception as exc:  # keep the stage's own error
+            logger.warning("could not close the MLflow pipeline run %s: %s", pipe, exc)
+        raise
+    close(cfg, pipe, outcomes, "FINISHED")
+    cached = sum(o.cached for o in outcomes)
+    logger.info("pipeline done: %d stages, %d from the cache; report at %s", len(outcomes), cached, summary["report"])
+    return summary
+
+
+# ----------------------------------------------------------------------------------------- outputs and links
+
+
+def _report_dir(cfg: PipelineConfig, result: StageResult) -> Path:
+    """A local copy of the report directory (downloaded once from a remote artifact store)."""
+    from components.artifacts import ArtifactStore
+
+    return ArtifactStore(cfg.resolved_artifact_root()).get(result.artifacts["report"])
+
+
+def publish(
+    cfg: PipelineConfig,
+    pipe: str,
+    report: Outcome,
+    outcomes: list[Outcome],
+    flow_run_id: str | None,
+    flow_run_url: str | None,
+) -> dict[str, Any]:
+    """Prefect artifacts (markdown report, evaluation table, MLflow link) and the flow's small JSON summary."""
+    from flows.report import log_report
+
+    uri = cfg.resolved_tracking_uri()
+    tracker = Tracker.open(cfg.suite, run_dir=cfg.resolved_run_dir(), tracking_uri=uri, experiment=cfg.experiment)
+    report_dir = _report_dir(cfg, report.result)
+    if report.result.mlflow_run_id != pipe:  # a cached report: attach it to this pipeline run as well
+        log_report(tracker, pipe, report_dir)
+    text = (report_dir / "report.md").read_text()
+    pipe_url = tracker.run_url(pipe)
+    for png in sorted(report_dir.glob("*.png")):
+        target = (
+            f"{uri.rstrip('/')}/get-artifact?path=report/{png.name}&run_uuid={pipe}"
+            if tracker.is_server
+            else png.resolve().as_uri()
+        )
+        text = text.replace(f"]({png.name})", f"]({target})")
+    ui = mlflow_ui_command(uri)
+    header = [
+        f"MLflow pipeline run: {f'[{pipe}]({pipe_url})' if pipe_url else f'`{pipe}`'} "
+        f"(experiment `{cfg.experiment}`, store `{redact(uri)}`)"
+    ]
+    if ui:
+        header.append(f"Open the MLflow UI: `{ui}`")
+    header.append(f"Artifacts: `{cfg.resolved_artifact_root()}`; this report: `{report_dir}`")
+    cached = [o.label for o in outcomes if o.cached]
+    header.append(f"Stages from the cache: {', '.join(cached) if cached else 'none'}")
+    create_markdown_artifact(
+        "\n\n".join(header) + "\n\n" + text,
+        key="lopd-report",
+        description="LOPD pipeline report: evaluation, equal-budget view, curves",
+    )
+    data = json.loads((report_dir / "comparison.json").read_text())
+    rows = [
+        {
+            "model": r["label"],
+            "method": r["method"],
+            "seed": r["seed"],
+            **{b: c["value"] for b, c in r["benchmarks"].items()},
+        }
+        for r in data["evaluations"]
+    ]
+    if rows:
+        create_table_artifact(rows, key="lopd-evaluation", description="Headline scores (0-100) per benchmark")
+    if pipe_url:
+        create_link_artifact(pipe_url, link_text="MLflow pipeline run", key="lopd-mlflow")
+    table = text.split("## Evaluation", 1)[-1].split("\n## ", 1)[0] if "## Evaluation" in text else ""
+    return {
+        "run_dir": str(cfg.resolved_run_dir()),
+        "artifact_root": cfg.resolved_artifact_root(),
+        "tracking_uri": redact(uri),
+        "experiment": cfg.experiment,
+        "mlflow_ui": ui,
+        "pipeline_run_id": pipe,
+        "flow_run_id": flow_run_id,
+        "flow_run_url": flow_run_url,
+        "report": str(report_dir / "report.md"),
+        "evaluation": "## Evaluation" + table if table else "",
+        "stages": [
+            {
+                "stage": o.stage,
+                "label": o.label,
+                "cached": o.cached,
+                "key": o.key[:16],
+                "mlflow_run_id": o.result.mlflow_run_id,
+                "summary": o.result.summary,
+            }
+            for o in outcomes
+        ],
+    }
+
+
+def mlflow_ui_command(uri: str) -> str | None:
+    """The command that opens the MLflow UI on a local store (None for a server: it has its own UI)."""
+    if uri.startswith(("http://", "https://")):
+        return None
+    return f"mlflow ui --backend-store-uri {uri} --port 5000"
+
+
+def record_trained(cfg: PipelineConfig, bank: StageResult, pipe: str, flow_run_id: str | None) -> None:
+    """Which bank version the models of this run_dir were trained on (bank-watch measures growth from it)."""
+    snap = bank.artifacts["bank_snapshot"]
+    data = {
+        "bank_location": cfg.resolved_bank_location(),
+        "bank_name": cfg.bank.name,
+        "bank_version": int(bank.metrics["version"]),
+        "bank_count": int(bank.metrics["count"]),
+        "bank_snapshot": snap.sha256,
+        "pipeline_run_id": pipe,
+        "flow_run_id": flow_run_id,
+        "trained_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    (cfg.resolved_run_dir() / TRAINED_FILE).write_text(json.dumps(data, indent=2))

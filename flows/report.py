@@ -1,0 +1,365 @@
+"""report: a comparison across runs from MLflow's search API (methods x seeds x benchmarks), as tables and plots.
+
+    build_report(ReportSpec(evaluate_run_ids=[...], ...))   # the pipeline's report stage
+    compare(tracking_uri, "lopd", pipeline_run_id=None)      # `lopd compare`: every evaluation in an experiment
+
+Tables: the evaluation (headline score per benchmark with its 95% interval and n, one row per model, with the
+training generations it cost), the mean over seeds per method, and the equal-budget view of training (each
+train run read at the same number of generations, default the smallest final count). Figures: margin, beta and
+reward against generations and against steps (components.tracking.plot_runs). Evaluation runs name their
+training run in the `lopd.train_run_id` tag; rows and labels come from the runs' tags.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from components.common import StageResult
+from components.tracking import Tracker, plot_runs, redact
+from lopd_core.artifacts import ArtifactRef
+
+LABEL_TAG = "lopd.label"
+TRAIN_RUN_TAG = "lopd.train_run_id"
+BUDGET_METRICS = ("reward_mean", "success_rate", "margin", "beta")
+REPORT_FILES = ("report.md", "comparison.json", "curves_generations.png", "curves_step.png")
+
+
+class ReportSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    run_dir: str = "runs/local"
+    artifact_root: str | None = None
+    tracking_uri: str | None = None
+    experiment: str = "lopd"
+    parent_run_id: str | None = None  # the pipeline run the report is logged on
+    tags: dict[str, str] = Field(default_factory=dict)
+    suite: str = "toolworld"
+    title: str = "LOPD pipeline report"
+    evaluate_run_ids: list[str] = Field(default_factory=list)  # one row each, in this order
+    evaluations: list[ArtifactRef] = Field(default_factory=list)  # their metrics.json (the cache key's inputs)
+    budget: float | None = None  # equal-budget view; None = the smallest final generation count
+
+
+def _tracker(spec: ReportSpec) -> Tracker:
+    return Tracker.open(spec.suite, run_dir=spec.run_dir, tracking_uri=spec.tracking_uri, experiment=spec.experiment)
+
+
+def _num(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def evaluation_rows(tracker: Tracker, run_ids: list[str]) -> list[dict[str, Any]]:
+    """One row per evaluation run: label, method, seed, train run, and per benchmark {value, lo, hi, n}."""
+    if not run_ids:
+        return []
+    quoted = ", ".join(f"'{r}'" for r in run_ids)
+    runs = tracker.call(
+        "searching evaluation runs",
+        lambda: tracker.client.search_runs(
+            [tracker.experiment_id], f"attributes.run_id IN ({quoted})", max_results=len(run_ids)
+        ),
+    )
+    by_id = {r.info.run_id: r for r in runs}
+    rows = []
+    for run_id in run_ids:
+        run = by_id.get(run_id)
+        if run is None:
+            raise ValueError(f"evaluation run {run_id} is not in experiment {tracker.experiment_name!r}")
+        tags, metrics = run.data.tags, run.data.metrics
+        names = [b for b in (tags.get("benchmark") or "").split(",") if b]
+        benchmarks = {
+            b: {
+                "value": _num(metrics.get(f"eval/{b}/headline")),
+                "lo": _num(metrics.get(f"eval/{b}/headline_lo")),
+                "hi": _num(metrics.get(f"eval/{b}/headline_hi")),
+                "n": _num(metrics.get(f"eval/{b}/overall/n")),
+            }
+            for b in names
+        }
+        seed = tags.get("seed") if tags.get("method") != "base" else None  # the base model has no training seed
+        rows.append(
+            {
+                "label": tags.get(LABEL_TAG) or run.info.run_name,
+                "method": tags.get("method"),
+                "seed": int(seed) if seed and seed.lstrip("-").isdigit() else None,
+                "run_id": run_id,
+                "train_run_id": tags.get(TRAIN_RUN_TAG) or None,
+                "pipeline_run_id": tags.get("pipeline_run_id"),
+                "benchmarks": benchmarks,
+            }
+        )
+    return rows
+
+
+def training_rows(tracker: Tracker, train_run_ids: list[str], budget: float | None) -> tuple[list[dict], float | None]:
+    """Train runs at their end and at an equal budget (default: the smallest final generation count)."""
+    if not train_run_ids:
+        return [], budget
+    wanted = set(train_run_ids)
+    pipelines: set[str | None] = set()
+    for run_id in train_run_ids:
+        run = tracker.call(f"reading run {run_id}", lambda r=run_id: tracker.client.get_run(r))
+        pipelines.add(run.data.tags.get("pipeline_run_id"))
+    final: dict[str, dict[str, Any]] = {}
+    for pid in pipelines:
+        for row in tracker.compare(pipeline_run_id=pid, stage="train", metrics=list(BUDGET_METRICS)):
+            if row["run_id"] in wanted:
+                final[row["run_id"]] = row
+    if budget is None:
+        counts = [row["generations"] for row in final.values() if row.get("generations") is not None]
+        budget = min(counts) if counts else None
+    at_budget: dict[str, dict[str, Any]] = {}
+    if budget is not None:
+        for pid in pipelines:
+            for row in tracker.compare(pipeline_run_id=pid, stage="train", metrics=list(BUDGET_METRICS), budget=budget):
+                if row["run_id"] in wanted:
+                    at_budget[row["run_id"]] = row
+    rows = []
+    for run_id in train_run_ids:
+        end = final.get(run_id, {})
+        row = {
+            "run_id": run_id,
+            "method": end.get("method"),
+            "seed": end.get("seed"),
+            "final_step": end.get("step"),
+            "final_generations": end.get("generations"),
+        }
+        mid = at_budget.get(run_id, {})
+        row.update({"step": mid.get("step"), "generations": mid.get("generations")})
+        row.update({k: mid.get(k) for k in BUDGET_METRICS})
+        rows.append(row)
+    return rows, budget
+
+
+# ------------------------------------------------------------------------------------------------ rendering
+
+
+def _score(cell: dict[str, Any] | None) -> str:
+    if not cell or cell.get("value") is None:
+        return "-"
+    text = f"{cell['value']:.1f}"
+    if cell.get("lo") is not None and cell.get("hi") is not None:
+        text += f" [{cell['lo']:.1f}, {cell['hi']:.1f}]"
+    return text
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 1e5 else f"{value:.0f}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def benchmarks_of(rows: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(b for row in rows for b in row["benchmarks"]))
+
+
+def evaluation_table(rows: list[dict[str, Any]], generations: dict[str, float | None]) -> str:
+    """Models x benchmarks: headline scores (0-100) with 95% intervals; n and training generations."""
+    benches = benchmarks_of(rows)
+    header = ["Model", "Method", "Seed", "Train generations", *[f"{b} (n)" for b in benches]]
+    body = []
+    for row in rows:
+        ns = {b: (row["benchmarks"].get(b) or {}).get("n") for b in benches}
+        cells = [f"{_score(row['benchmarks'].get(b))} ({int(ns[b]) if ns[b] is not None else '-'})" for b in benches]
+        gens = generations.get(row["train_run_id"] or "", 0.0 if row["method"] == "base" else None)
+        body.append([row["label"], row["method"] or "-", _fmt(row["seed"]), _fmt(gens), *cells])
+    return _table(header, body)
+
+
+def seed_means(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per method: number of seeds and mean / sample std of each benchmark's headline."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        entry = out.setdefault(row["method"] or "-", {"method": row["method"] or "-", "seeds": [], "scores": {}})
+        entry["seeds"].append(row["seed"])
+        for b, cell in row["benchmarks"].items():
+            if cell.get("value") is not None:
+                entry["scores"].setdefault(b, []).append(cell["value"])
+    for entry in out.values():
+        entry["mean"] = {b: statistics.fmean(v) for b, v in entry["scores"].items()}
+        entry["std"] = {b: statistics.stdev(v) if len(v) > 1 else 0.0 for b, v in entry["scores"].items()}
+    return list(out.values())
+
+
+def render_markdown(
+    title: str,
+    rows: list[dict[str, Any]],
+    train: list[dict[str, Any]],
+    budget: float | None,
+    links: dict[str, str] | None = None,
+    figures: dict[str, str] | None = None,
+) -> str:
+    """The report as markdown: evaluation, seed means, equal-budget training view, figures, MLflow runs."""
+    generations = {t["run_id"]: t["final_generations"] for t in train}
+    parts = [f"# {title}\n"]
+    parts += [
+        "## Evaluation\n",
+        "Headline score per benchmark (0-100) with its 95% interval and the number of "
+        "tasks; the student acts alone (no retrieved context). Train generations: rollouts spent in "
+        "training (the equal-budget axis).\n",
+        evaluation_table(rows, generations),
+    ]
+    means = seed_means(rows)
+    if any(len(m["seeds"]) > 1 for m in means):
+        benches = benchmarks_of(rows)
+        body = [
+            [
+                m["method"],
+                str(len(m["seeds"])),
+                *[f"{m['mean'][b]:.1f} ± {m['std'][b]:.1f}" if b in m["mean"] else "-" for b in benches],
+            ]
+            for m in means
+        ]
+        parts += ["## Mean over seeds\n", _table(["Method", "Seeds", *benches], body)]
+    if train:
+        parts.append(f"## Training at an equal budget ({_fmt(budget)} generations)\n")
+        header = ["Method", "Seed", "Step", "Generations", *BUDGET_METRICS, "Final step", "Final generations"]
+        body = [
+            [
+                _fmt(t["method"]),
+                _fmt(t["seed"]),
+                _fmt(t["step"]),
+                _fmt(t["generations"]),
+                *[_fmt(t[k]) for k in BUDGET_METRICS],
+                _fmt(t["final_step"]),
+                _fmt(t["final_generations"]),
+            ]
+            for t in train
+        ]
+        parts.append(_table(header, body))
+    if figures:
+        parts.append("## Curves (margin, beta, reward)\n")
+        parts += [f"![{name}]({target})\n" for name, target in figures.items()]
+    if links:
+        parts.append("## MLflow runs\n")
+        parts += [f"- {name}: {target}" for name, target in links.items()]
+        parts.append("")
+    return "\n".join(parts)
+
+
+def run_links(tracker: Tracker, rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Markdown links to the runs (a server's UI), else the run ids."""
+    out = {}
+    for row in rows:
+        items = [("evaluate", row["run_id"])] + ([("train", row["train_run_id"])] if row["train_run_id"] else [])
+        texts = []
+        for what, run_id in items:
+            url = tracker.run_url(run_id)
+            texts.append(f"[{what} {run_id[:8]}]({url})" if url else f"{what} `{run_id}`")
+        out[row["label"]] = ", ".join(texts)
+    return out
+
+
+def write_report(
+    tracker: Tracker, rows: list[dict], train: list[dict], budget: float | None, out_dir: Path, title: str
+) -> Path:
+    """report.md, comparison.json and the curves under `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures = {}
+    train_ids = [t["run_id"] for t in train]
+    if train_ids:
+        for x in ("generations", "step"):
+            path = out_dir / f"curves_{x}.png"
+            plot_runs(
+                tracker.uri,
+                train_ids,
+                path,
+                x=x,
+                budget=budget if x == "generations" else None,
+                title=f"training curves vs {x}",
+            )
+            figures[f"margin, beta, reward vs {x}"] = path.name
+    text = render_markdown(title, rows, train, budget, run_links(tracker, rows), figures)
+    (out_dir / "report.md").write_text(text)
+    data = {
+        "tracking_uri": redact(tracker.uri),
+        "experiment": tracker.experiment_name,
+        "budget": budget,
+        "evaluations": rows,
+        "training": train,
+    }
+    (out_dir / "comparison.json").write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+    return out_dir
+
+
+def build_report(spec: ReportSpec) -> StageResult:
+    """The pipeline's report stage: the tables and curves of its evaluation runs, logged on the pipeline run."""
+    tracker = _tracker(spec)
+    rows = evaluation_rows(tracker, spec.evaluate_run_ids)
+    train_ids = [r["train_run_id"] for r in rows if r["train_run_id"]]
+    train, budget = training_rows(tracker, train_ids, spec.budget)
+    out_dir = write_report(tracker, rows, train, budget, Path(spec.run_dir) / "report", spec.title)
+    from components.artifacts import ArtifactStore
+
+    store = ArtifactStore(spec.artifact_root or Path(spec.run_dir) / "artifacts")
+    ref = store.put(out_dir, "report", {"title": spec.title, "n_models": len(rows)})
+    if spec.parent_run_id:
+        log_report(tracker, spec.parent_run_id, out_dir)
+    metrics = {
+        f"{row['label']}/{b}": cell["value"]
+        for row in rows
+        for b, cell in row["benchmarks"].items()
+        if cell.get("value") is not None
+    }
+    return StageResult(
+        stage="report",
+        artifacts={"report": ref},
+        metrics=metrics,
+        mlflow_run_id=spec.parent_run_id,
+        summary=f"report of {len(rows)} evaluations, {len(train)} training runs",
+    )
+
+
+def log_report(tracker: Tracker, run_id: str, out_dir: Path) -> None:
+    for name in REPORT_FILES:
+        if (out_dir / name).exists():
+            path = str(out_dir / name)
+            tracker.call(f"logging {name}", lambda p=path: tracker.client.log_artifact(run_id, p, "report"))
+
+
+def compare(
+    tracking_uri: str,
+    experiment: str,
+    *,
+    pipeline_run_id: str | None = None,
+    method: str | None = None,
+    budget: float | None = None,
+    out_dir: str | Path | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """`lopd compare`: the report over every evaluation run of an experiment (optionally of one pipeline run or
+    one method). Returns the markdown and the data; writes report.md, comparison.json and curves to `out_dir`."""
+    tracker = Tracker.open(experiment, tracking_uri=tracking_uri, experiment=experiment)
+    filters = {
+        "stage": "evaluate",
+        **({"pipeline_run_id": pipeline_run_id} if pipeline_run_id else {}),
+        **({"method": method} if method else {}),
+    }
+    run_ids = list(reversed(tracker.find_runs(tags=filters)))  # oldest first
+    rows = evaluation_rows(tracker, run_ids)
+    train_ids = list(dict.fromkeys(r["train_run_id"] for r in rows if r["train_run_id"]))
+    train, budget = training_rows(tracker, train_ids, budget)
+    title = f"Comparison of {len(rows)} evaluations in experiment {experiment!r}"
+    if out_dir is not None:
+        write_report(tracker, rows, train, budget, Path(out_dir), title)
+        text = (Path(out_dir) / "report.md").read_text()
+    else:
+        text = render_markdown(title, rows, train, budget, run_links(tracker, rows))
+    return text, {"evaluations": rows, "training": train, "budget": budget}

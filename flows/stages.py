@@ -1,0 +1,311 @@
+"""Stages as Prefect tasks: the stage cache, retries on transient failures, in-process or as deployment runs.
+
+Every stage is a component function `fn(spec) -> StageResult` (components/). The `stage` task wraps one call:
+
+1. key = digests of the spec's input artifacts + its parameters + the code version (flows/cache.py);
+2. a usable cache entry for the key -> the task ends in state "Cached" with the stored result (nothing runs);
+3. else the component runs, in this process, or (mode=deployments) as a run of the stage's deployment
+   (`lopd-stage/train`, ...: a Kubernetes pod at scale) through `run_deployment`; the stage run writes its
+   result into the cache, where the task reads it back. Results are small JSON, never tensors.
+
+Each stage execution works in its own directory `<run_dir>/stages/<stage>/<key[:16]>`, so a retried or re-run
+stage with the same key continues where it stopped (training resumes from its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed, State
+from prefect.tasks import exponential_backoff
+from pydantic import BaseModel
+
+from components.bank import BankSpec, bank
+from components.cold_start import ColdStartSpec, cold_start
+from components.collect import CollectSpec, collect
+from components.common import StageResult
+from components.evaluate import EvaluateSpec, evaluate
+from components.train import TrainSpec, train
+from flows.cache import StageCache, code_version, key_material, stage_key
+from lopd_core.artifacts import ArtifactRef
+
+StageName = Literal["collect", "bank", "cold_start", "train", "evaluate", "report"]
+
+
+def run_evaluate(spec: EvaluateSpec) -> StageResult:
+    """The evaluate component as a StageResult (its own result type carries more than the pipeline needs)."""
+    out = evaluate(spec)
+    refs = {
+        "metrics": ArtifactRef.from_dict(out.metrics_ref),
+        "report": ArtifactRef.from_dict(out.report_ref),
+        "episodes": ArtifactRef.from_dict(out.trajectories_ref),
+    }
+    metrics = {f"{name}/headline": float(value) for name, value in out.headlines().items()}
+    metrics["seconds"] = float(out.seconds.get("total", 0.0))
+    text = ", ".join(f"{k} {v:.1f}" for k, v in out.headlines().items())
+    return StageResult(
+        stage="evaluate",
+        artifacts=refs,
+        metrics=metrics,
+        mlflow_run_id=out.run_id,
+        summary=f"{out.metrics['name']}: {text}",
+    )
+
+
+def _run_report(spec: BaseModel) -> StageResult:
+    from flows.report import build_report
+
+    return build_report(spec)  # type: ignore[arg-type]
+
+
+def _report_spec_cls() -> type[BaseModel]:
+    from flows.report import ReportSpec
+
+    return ReportSpec
+
+
+RUNNERS: dict[str, tuple[Callable[[], type[BaseModel]], Callable[[Any], StageResult]]] = {
+    "collect": (lambda: CollectSpec, collect),
+    "bank": (lambda: BankSpec, bank),
+    "cold_start": (lambda: ColdStartSpec, cold_start),
+    "train": (lambda: TrainSpec, train),
+    "evaluate": (lambda: EvaluateSpec, run_evaluate),
+    "report": (_report_spec_cls, _run_report),
+}
+
+
+def parse_spec(stage: str, spec: dict[str, Any] | BaseModel) -> BaseModel:
+    cls = RUNNERS[stage][0]()
+    return spec if isinstance(spec, cls) else cls.model_validate(spec)
+
+
+# ------------------------------------------------------------------------------------- state outside the spec
+
+
+def bank_version(location: str, name: str) -> int | None:
+    """The live bank's version (None when there is no such bank yet)."""
+    from components.memory import ExperienceBank
+
+    try:
+        with ExperienceBank.open(location, name, create=False) as b:
+            return b.version
+    except FileNotFoundError:
+        return None
+
+
+def current_state(stage: str, spec: BaseModel) -> dict[str, Any] | None:
+    """What a cached result of `stage` depends on beyond its spec: the bank stage snapshots the live bank."""
+    if stage == "bank":
+        assert isinstance(spec, BankSpec)
+        return {"bank_version": bank_version(_bank_location(spec), spec.bank_name)}
+    return None
+
+
+def result_state(stage: str, result: StageResult) -> dict[str, Any] | None:
+    if stage == "bank":
+        return {"bank_version": int(result.metrics["version"])}
+    return None
+
+
+def _bank_location(spec: BankSpec) -> str:
+    return spec.bank_location or str(Path(spec.run_dir) / "bank" / "store")
+
+
+def restore_missing_bank(spec: BankSpec, cache: StageCache, key: str) -> bool:
+    """A directory bank that is gone (a fresh pod, a wiped run_dir) comes back from the cached stage's snapshot,
+    so that an unchanged pipeline stays cached; the snapshot in the artifact store is the durable copy."""
+    from components.memory import ExperienceBank
+
+    location = _bank_location(spec)
+    if location == ":memory:" or "://" in location or bank_version(location, spec.bank_name) is not None:
+        return False
+    result = cache.get("bank", key)
+    if result is None:
+        return False
+    ref = result.artifacts["bank_snapshot"]
+    local = dataclasses.replace(ref, uri=str(spec.store().get(ref)))
+    ExperienceBank.restore(local, location, spec.bank_name, overwrite=True).close()
+    get_run_logger().info("bank %s restored from the snapshot of the cached bank stage", location)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+
+def execute_stage(stage: str, spec: BaseModel, cache_root: str, key: str) -> StageResult:
+    """Run the component and record its result under `key` (used in-process and by the stage deployment)."""
+    result = RUNNERS[stage][1](spec)
+    StageCache(cache_root).put(stage, key, result, result_state(stage, result), key_material(stage, spec))
+    return result
+
+
+@flow(name="lopd-stage", log_prints=True)
+def lopd_stage(stage: StageName, spec: dict[str, Any], cache_key: str, cache_root: str) -> dict[str, Any]:
+    """One stage in its own process or pod (the deployments lopd-stage/collect, /cold-start, /train, /evaluate).
+
+    Called by the pipeline with `run_deployment`; the result goes into the stage cache under `cache_key`.
+    """
+    parsed = parse_spec(stage, spec)
+    if stage_key(stage, parsed) != cache_key:
+        get_run_logger().warning(
+            "stage %s: this worker's code version %s gives another cache key than the pipeline's; the result is "
+            "stored under the pipeline's key %s",
+            stage,
+            code_version()[:12],
+            cache_key[:12],
+        )
+    result = execute_stage(stage, parsed, cache_root, cache_key)
+    print(result.summary)
+    return result.model_dump(mode="json")
+
+
+# ------------------------------------------------------------------------------------------------- retries
+
+
+class StageRunError(RuntimeError):
+    """A stage deployment run did not complete."""
+
+    def __init__(self, message: str, crashed: bool = False) -> None:
+        super().__init__(message)
+        self.crashed = crashed
+
+
+def _transient_types() -> tuple[type[BaseException], ...]:
+    from components.tracking import TrackingError
+
+    types: list[type[BaseException]] = [ConnectionError, TimeoutError, socket.gaierror, TrackingError]
+    try:
+        import httpx
+
+        types.append(httpx.TransportError)
+    except ImportError:  # pragma: no cover - a Prefect dependency
+        pass
+    try:
+        from qdrant_client.http.exceptions import ResponseHandlingException
+
+        types.append(ResponseHandlingException)
+    except ImportError:  # pragma: no cover - an optional extra
+        pass
+    return tuple(types)
+
+
+def is_transient(exc: BaseException | None) -> bool:
+    """Worth retrying: a service that cannot be reached (MLflow, Qdrant, the Prefect API), a busy embedded bank,
+    a stage pod that crashed. Errors in the inputs or the code are not."""
+    seen: set[int] = set()
+    types = _transient_types()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, types):
+            return True
+        if isinstance(exc, StageRunError) and exc.crashed:
+            return True
+        if isinstance(exc, RuntimeError) and "in use by another process" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def retry_transient(task_: Any, task_run: Any, state: State) -> bool:
+    """Prefect retry condition: retry only transient failures."""
+    exc = state.data if isinstance(state.data, BaseException) else None
+    if exc is None:
+        try:
+            state.result(raise_on_failure=True)
+        except BaseException as raised:
+            exc = raised
+    return is_transient(exc)
+
+
+# -------------------------------------------------------------------------------------------- the stage task
+
+
+@dataclass
+class StageContext:
+    """How the pipeline runs its stages (from PipelineConfig.execution and the resolved locations)."""
+
+    run_dir: str
+    cache_root: str
+    use_cache: bool = True
+    remote_stages: tuple[str, ...] = ()
+    deployments: dict[str, str] = field(default_factory=dict)
+    job_variables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float | None = None
+
+    def stage_dir(self, stage: str, key: str) -> str:
+        return str(Path(self.run_dir) / "stages" / stage / key[:16])
+
+    def job_variables_for(self, stage: str) -> dict[str, Any]:
+        """A stage run's job variables: config's "default" and per-stage ones, env with the service URLs."""
+        variables = {**self.job_variables.get("default", {}), **self.job_variables.get(stage, {})}
+        variables["env"] = {**self.env, **variables.get("env", {})}
+        return variables
+
+
+def _run_remote(stage: str, spec: BaseModel, key: str, ctx: StageContext) -> StageResult:
+    from prefect.deployments import run_deployment
+
+    logger = get_run_logger()
+    name = ctx.deployments[stage]
+    variables = ctx.job_variables_for(stage)
+    logger.info("stage %s -> deployment %s (job variables %s)", stage, name, sorted(variables))
+    run = run_deployment(
+        name,
+        parameters={
+            "stage": stage,
+            "spec": spec.model_dump(mode="json"),
+            "cache_key": key,
+            "cache_root": ctx.cache_root,
+        },
+        job_variables=variables,
+        timeout=ctx.timeout_s,
+        flow_run_name=f"{stage}-{key[:10]}",
+    )
+    state = run.state
+    if state is None or not state.is_completed():
+        crashed = state is not None and state.is_crashed()
+        raise StageRunError(f"stage {stage}: deployment run {run.name} ({run.id}) ended {state}", crashed=crashed)
+    result = StageCache(ctx.cache_root).get(stage, key)
+    if result is None:
+        raise StageRunError(f"stage {stage}: run {run.id} completed but left no result in {ctx.cache_root}")
+    return result
+
+
+@task(
+    name="stage",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=exponential_backoff(10),
+    retry_condition_fn=retry_transient,
+)
+def stage_task(stage: str, spec: BaseModel, ctx: StageContext) -> StageResult | State:
+    """Run one stage unless its cache entry is usable; see the module docstring."""
+    logger = get_run_logger()
+    key = stage_key(stage, spec)
+    spec = spec.model_copy(update={"run_dir": ctx.stage_dir(stage, key)})
+    cache = StageCache(ctx.cache_root)
+    if ctx.use_cache:
+        if stage == "bank":
+            restore_missing_bank(spec, cache, key)  # type: ignore[arg-type]
+        hit = cache.get(stage, key, current_state(stage, spec))
+        if hit is not None:
+            logger.info("%s: cache hit %s (%s)", stage, key[:12], hit.summary)
+            return Completed(name="Cached", data=hit, message=f"stage cache hit {key[:12]}")
+    if stage in ctx.remote_stages:
+        result = _run_remote(stage, spec, key, ctx)
+    else:
+        result = execute_stage(stage, spec, ctx.cache_root, key)
+    logger.info("%s: %s", stage, result.summary)
+    return result
+
+
+def stage_options(retries: int, retry_delay_s: float) -> dict[str, Any]:
+    return {"retries": retries, "retry_delay_seconds": exponential_backoff(retry_delay_s) if retries else 0}

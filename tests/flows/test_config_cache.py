@@ -1,0 +1,135 @@
+"""Pipeline config, stage cache keys and the cache index, retry classification: fast, no Prefect server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from components.bank import BankSpec
+from components.common import StageResult
+from components.tracking import TrackingError, TrackingUnavailableError
+from components.train import TrainSpec
+from flows.cache import StageCache, code_version, stage_key
+from flows.config import PipelineConfig, load_config
+from flows.stages import StageRunError, is_transient
+from lopd_core.artifacts import ArtifactRef
+
+ROOT = Path(__file__).resolve().parents[2]
+SHA = "a" * 64
+
+
+def ref(sha: str = SHA, uri: str = "/store/dataset/x/trajectories.jsonl", **meta: object) -> ArtifactRef:
+    return ArtifactRef(uri=uri, kind="dataset", sha256=sha, metadata=dict(meta))
+
+
+@pytest.mark.parametrize("name", ["tiny", "demo", "paper"])
+def test_presets_load(name):
+    cfg = load_config(ROOT / "configs" / f"{name}.yaml")
+    assert cfg.methods and cfg.seeds
+    assert cfg.run_dir == f"runs/{name}"
+
+
+def test_paper_preset_has_the_reference_settings():
+    cfg = load_config(ROOT / "configs" / "paper.yaml")
+    lopd = cfg.lopd
+    assert (lopd.n_retrieved, lopd.n_queries, lopd.top_m) == (3, 32, 20)
+    assert (lopd.margin_target, lopd.anchor_weight, lopd.dual_lr, lopd.composer_lr) == (0.05, 0.2, 0.5, 1e-5)
+    assert (cfg.train.schedule.tasks_per_step, cfg.train.schedule.steps) == (32, 100)
+    assert PipelineConfig().lopd == lopd.model_copy(update={"method": "lopd"})  # the defaults are the paper's
+
+
+def test_overrides_and_errors(tmp_path):
+    cfg = load_config(
+        ROOT / "configs" / "tiny.yaml",
+        ["train.schedule.steps=7", "methods=[lopd, grpo]", "train.schedule.samples_per_task=2", f"run_dir={tmp_path}"],
+    )
+    assert cfg.train.schedule.steps == 7 and cfg.methods == ["lopd", "grpo"]
+    assert cfg.resolved_run_dir() == tmp_path.resolve()
+    assert cfg.resolved_tracking_uri() == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    with pytest.raises(ValueError, match="top_m"):
+        load_config(None, ["lopd.top_m=0"])
+    with pytest.raises(ValueError, match="group size"):
+        load_config(None, ["methods=[grpo]"])
+    with pytest.raises(ValueError, match=r"(?i)extra"):
+        load_config(None, ["trian.steps=3"])
+    with pytest.raises(FileNotFoundError, match="configs/"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_resolved_config_is_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, ["run_dir=runs/x", "bank.location=banks/b"]).resolved()
+    assert cfg.run_dir == str(tmp_path / "runs/x") and cfg.bank.location == str(tmp_path / "banks/b")
+    assert load_config(None, ["bank.location=http://qdrant:6333"]).resolved().bank.location == "http://qdrant:6333"
+
+
+def _train_spec(**update: object) -> TrainSpec:
+    base = {"dataset": ref(), "lopd": {"method": "sdft"}, "run_dir": "/runs/a", "schedule": {"steps": 2}}
+    return TrainSpec.model_validate({**base, **update})
+
+
+def test_key_ignores_bookkeeping_and_locations():
+    key = stage_key("train", _train_spec())
+    same = _train_spec(
+        run_dir="/elsewhere",
+        tracking_uri="http://mlflow:5000",
+        experiment="x",
+        parent_run_id="p",
+        tags={"prefect.flow_run_id": "f"},
+        artifact_root="s3://bucket/a",
+    )
+    assert stage_key("train", same) == key
+    moved = _train_spec(dataset=ref(uri="s3://bucket/dataset/x/t.jsonl", source_run="another-run"))
+    assert stage_key("train", moved) == key  # inputs count by digest, not by location or metadata
+
+
+def test_key_changes_with_inputs_parameters_code_and_stage(monkeypatch):
+    key = stage_key("train", _train_spec())
+    assert stage_key("train", _train_spec(dataset=ref(sha="b" * 64))) != key
+    assert stage_key("train", _train_spec(schedule={"steps": 3})) != key
+    assert stage_key("collect", _train_spec()) != key
+    monkeypatch.setenv("LOPD_CODE_VERSION", "v-test")
+    assert code_version() == "v-test" and stage_key("train", _train_spec()) != key
+
+
+def test_code_version_is_a_digest_of_the_sources(monkeypatch):
+    monkeypatch.delenv("LOPD_CODE_VERSION", raising=False)
+    assert len(code_version()) == 64 and code_version() == code_version()
+
+
+def test_cache_roundtrip_and_invalidation(tmp_path):
+    artifact = tmp_path / "store" / "x.jsonl"
+    artifact.parent.mkdir()
+    artifact.write_text("{}\n")
+    result = StageResult(stage="collect", artifacts={"dataset": ref(uri=str(artifact))}, metrics={"n": 1.0})
+    cache = StageCache(str(tmp_path / "store"))
+    assert cache.get("collect", "k1") is None
+    path = cache.put("collect", "k1", result, state={"bank_version": 2}, material={"spec": {"n_tasks": 4}})
+    assert json.loads(Path(path).read_text())["material"] == {"spec": {"n_tasks": 4}}
+    assert cache.get("collect", "k1", {"bank_version": 2}) == result
+    assert cache.get("collect", "k1", {"bank_version": 3}) is None  # the outside state moved on (the bank grew)
+    assert cache.get("collect", "k2") is None
+    artifact.unlink()
+    assert cache.get("collect", "k1", {"bank_version": 2}) is None  # an artifact it names is gone
+
+
+def test_bank_spec_key_covers_the_bank_location():
+    a = BankSpec(dataset=ref(), bank_location="/banks/a")
+    assert stage_key("bank", a) != stage_key("bank", a.model_copy(update={"bank_location": "/banks/b"}))
+
+
+def test_transient_errors_are_retried_others_are_not():
+    assert is_transient(TrackingUnavailableError("MLflow unreachable"))
+    assert is_transient(TrackingError("log_batch kept failing"))
+    assert is_transient(ConnectionRefusedError())
+    assert is_transient(RuntimeError("bank directory /x is in use by another process; ..."))
+    assert is_transient(StageRunError("pod evicted", crashed=True))
+    wrapped = ValueError("stage failed")
+    wrapped.__cause__ = TimeoutError()
+    assert is_transient(wrapped)
+    assert not is_transient(ValueError("method 'lopd' needs bank_snapshot"))
+    assert not is_transient(FileNotFoundError("no such checkpoint"))
+    assert not is_transient(StageRunError("the stage raised", crashed=False))
+    assert not is_transient(None)
