@@ -122,14 +122,7 @@ class RolloutEngine:
         queue = deque(range(len(episodes)))
         live: list[_Live] = []
         done: dict[int, Trajectory] = {}
-        self.stats = {
-            "generated_tokens": 0,
-            "prompt_tokens": 0,
-            "prefilled_tokens": 0,
-            "forward_passes": 0,
-            "rounds": 0,
-            "generate_s": 0.0,
-        }
+        self._reset_stats()
         self._prefixes: dict[tuple[int, ...], _Past] = {}  # shared system-prompt caches, valid for this run only
         self._reuse = cfg.reuse_cache
         t0 = time.monotonic()
@@ -186,6 +179,10 @@ class RolloutEngine:
             self.model.train(was_training)
         self.stats["seconds"] = time.monotonic() - t0
         return [done[i] for i in range(len(episodes))]
+
+    def _reset_stats(self) -> None:
+        keys = ("generated_tokens", "prompt_tokens", "prefilled_tokens", "forward_passes", "rounds", "generate_s")
+        self.stats = dict.fromkeys(keys, 0)
 
     def _open(self, index: int, episode: Episode) -> _Live:
         try:

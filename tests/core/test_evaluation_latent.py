@@ -60,7 +60,7 @@ def test_batched_generation_matches_unbatched_teacher_forwards() -> None:
     views = [rollout.serializer.view(m, rollout.context) for m in conversations]
     prompts = [v.input_ids + rollout.header_ids for v in views]
     assert len(prompts[0]) != len(prompts[1])  # left padding is exercised
-    generated = rollout.generate(prompts, [v.latent_start for v in views], latents, [6, 6])
+    generated = rollout.generate_with_latents(prompts, [v.latent_start for v in views], latents, [6, 6])
     for b, messages in enumerate(conversations):
         assert generated[b][0] == _reference_tokens(models, rollout, messages, latents[b], 6), b
         assert generated[b][1] is True  # ran to the budget without a stop token
