@@ -54,7 +54,7 @@ validate-deploy: venv
 	$(PY) scripts/validate_deploy.py
 
 # lopd-platform:cpu built on this machine without registry pulls (root; 12-20 min the first time,
-# about 2 min after a source change; docs/scale-out.md). Not part of `make test` or CI.
+# about 2 min after a source change; README.md, Scale out). Not part of `make test` or CI.
 image:
 	command -v dockerd >/dev/null && command -v debootstrap >/dev/null || \
 		(apt-get update -q && apt-get install -y -q --no-install-recommends docker.io debootstrap)
