@@ -19,22 +19,13 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.flows.presets import LEAN as PRESET_LEAN
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 LEAN = [
-    "collect.n_tasks=2",
-    "collect.samples_per_task=1",
-    "collect.rollout.max_new_tokens=8",
-    "collect.rollout.max_turns=1",
-    "cold_start.steps=1",
-    "train.schedule.steps=1",
-    "train.schedule.tasks_per_step=1",
-    "train.rollout.max_new_tokens=8",
-    "train.rollout.max_turns=1",
-    "evaluate.rollout.max_new_tokens=8",
-    "evaluate.rollout.max_turns=1",
-    "evaluate.benchmarks=[{name: toolworld, sample: 2}]",
+    *PRESET_LEAN,
     "execution.retry_delay_s=0.2",
 ]
 

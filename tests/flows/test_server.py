@@ -27,6 +27,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.flows.presets import LEAN as PRESET_LEAN
+
 ROOT = Path(__file__).resolve().parents[2]
 PG_HOST, PG_PORT = "127.0.0.1", 5432
 PG_USER = os.environ.get("LOPD_TEST_PG_USER", "postgres")
@@ -34,18 +36,7 @@ PG_ADMIN_DB = os.environ.get("LOPD_TEST_PG_DB", "test")
 pytestmark = pytest.mark.slow
 
 LEAN = [
-    "collect.n_tasks=2",
-    "collect.samples_per_task=1",
-    "collect.rollout.max_new_tokens=8",
-    "collect.rollout.max_turns=1",
-    "cold_start.steps=1",
-    "train.schedule.steps=1",
-    "train.schedule.tasks_per_step=1",
-    "train.rollout.max_new_tokens=8",
-    "train.rollout.max_turns=1",
-    "evaluate.rollout.max_new_tokens=8",
-    "evaluate.rollout.max_turns=1",
-    "evaluate.benchmarks=[{name: toolworld, sample: 2}]",
+    *PRESET_LEAN,
     "evaluate.base=false",
     "execution.mode=deployments",
     "execution.remote_stages=[evaluate]",
