@@ -18,10 +18,21 @@ Dataset code never runs in this process: each episode has one sandboxed worker h
 instance and, at the end, a second fresh worker running the checks (`lopd_core.sandbox`). States travel
 between them as opaque pickles that only the workers unpickle. Parse errors, unknown tools, bad arguments,
 tool exceptions and tool timeouts become observations and are counted.
+
+Starting a worker costs ~70 ms of CPU (a fresh interpreter that preloads the standard library), twice per
+episode. For a suite whose code is trusted (the built-in toolworld suite: our own classes, checked against
+their generator), `episodes_per_worker > 1` lets one worker host many episodes, each in its own slot of the
+worker's namespace: the trainer stays isolated from the code, episodes are no longer isolated from each other.
+Keep the default of 1 for files you did not write.
+
+`prompt="compact"` shows the tools as signatures (`transfer(from_account_id, to_account_id, amount)`) without
+descriptions, rules or examples, and the task without the call cue: ~50 tokens instead of ~500, for small
+students that learn the format from demonstrations (the study testbed).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -32,9 +43,10 @@ from lopd_core.conversation import Message
 from lopd_core.envs.actions import TASK_SUFFIX, ToolCall, format_call, parse_action, tool_call_instructions
 from lopd_core.envs.base import SPLITS, EpisodeResult, StepResult, Task
 from lopd_core.envs.tools import normalize_tools, validate_arguments
-from lopd_core.sandbox import Sandbox, SandboxLimits, SandboxResult
+from lopd_core.sandbox import Sandbox, SandboxError, SandboxLimits, SandboxResult
 
 ERROR_EVENTS = ("parse_error", "unknown_tool", "bad_args", "tool_error", "extra_calls")
+PROMPT_STYLES = ("full", "compact")
 
 
 @dataclass(frozen=True)
@@ -48,16 +60,34 @@ class EnvScalerConfig:
     trace_result_chars: int = 80  # tool results in the compact trace are cut to this length
     include_rules: bool = True  # show the environment's rules in the system prompt
     call_style: str = "flat"  # how the prompt shows tool calls: "flat" {"tool": ...} or "nested" {"name", "arguments"}
+    prompt: str = "full"  # "full": introduction, rules, call templates, examples; "compact": tool signatures only
+    episodes_per_worker: int = 1  # episodes one sandbox worker hosts (>1 only for trusted code; see the docstring)
+
+    def __post_init__(self) -> None:
+        if self.prompt not in PROMPT_STYLES:
+            raise ValueError(f"EnvScalerConfig.prompt must be one of {PROMPT_STYLES}, got {self.prompt!r}")
+        if self.episodes_per_worker < 1:
+            raise ValueError(f"EnvScalerConfig.episodes_per_worker must be >= 1, got {self.episodes_per_worker}")
 
 
-# The worker-side helpers (trusted code executed inside the sandbox). `_lopd_env` holds the environment.
+# The worker-side helpers (trusted code executed inside the sandbox). Environment instances live in `_lopd_envs`,
+# one slot per episode. A class is loaded once per worker, as module lopd_env_<digest of its source>: state
+# pickles name that module, and the checker worker unpickles them after loading the same source.
 _ENV_HELPERS = r"""
-import base64 as _b64, copy as _copy, json as _json, pickle as _pickle, sys as _sys, types as _types
+import base64 as _b64, copy as _copy, hashlib as _hashlib, json as _json, pickle as _pickle, sys as _sys
+import types as _types
+
+_lopd_envs = {}
+_lopd_modules = {}
 
 def _lopd_load(code, class_name):
-    module = _types.ModuleType("lopd_env")
-    _sys.modules["lopd_env"] = module
-    exec(compile(code, "<env_class_code>", "exec"), module.__dict__)
+    key = _hashlib.sha256(code.encode()).hexdigest()[:16]
+    module = _lopd_modules.get(key)
+    if module is None:
+        module = _types.ModuleType("lopd_env_" + key)
+        _sys.modules[module.__name__] = module
+        exec(compile(code, "<env_class_code>", "exec"), module.__dict__)
+        _lopd_modules[key] = module
     if not hasattr(module, class_name):
         raise ValueError(f"class {class_name!r} not found in env_class_code")
     return getattr(module, class_name)
@@ -75,8 +105,7 @@ def _lopd_undump(blob):
     kind, data = blob.split(":", 1)
     return _pickle.loads(_b64.b64decode(data)) if kind == "pickle" else _json.loads(data)
 
-def _lopd_init(code, class_name, init_config):
-    global _lopd_env
+def _lopd_init(slot, code, class_name, init_config):
     cls = _lopd_load(code, class_name)
     config = _copy.deepcopy(init_config)
     try:
@@ -85,20 +114,20 @@ def _lopd_init(code, class_name, init_config):
         env = cls()
     for key, value in (init_config or {}).items():
         setattr(env, key, _copy.deepcopy(value))
-    _lopd_env = env
+    _lopd_envs[slot] = env
     return _lopd_dump(_lopd_state(env))
 
-def _lopd_restore(code, class_name, blob):
-    global _lopd_env
+def _lopd_restore(slot, code, class_name, blob):
     cls = _lopd_load(code, class_name)
     env = cls.__new__(cls)
     for key, value in _lopd_undump(blob).items():
         setattr(env, key, value)
-    _lopd_env = env
+    _lopd_envs[slot] = env
     return True
 
-def _lopd_call(name, arguments):
-    method = getattr(_lopd_env, name, None) if not name.startswith("_") else None
+def _lopd_call(slot, name, arguments):
+    env = _lopd_envs[slot]
+    method = getattr(env, name, None) if not name.startswith("_") else None
     if not callable(method):
         raise AttributeError(f"the environment has no tool {name!r}")
     result = method(**arguments)
@@ -106,7 +135,11 @@ def _lopd_call(name, arguments):
         text = _json.dumps(result, ensure_ascii=False)
     except (TypeError, ValueError):
         text = str(result)
-    return {"observation": text, "state": _lopd_dump(_lopd_state(_lopd_env))}
+    return {"observation": text, "state": _lopd_dump(_lopd_state(env))}
+
+def _lopd_drop(slot):
+    _lopd_envs.pop(slot, None)
+    return True
 
 def _lopd_check(func_code, init_blob, final_blob):
     namespace = {"__builtins__": __builtins__, "initial_state": _lopd_undump(init_blob)}
@@ -161,15 +194,98 @@ def load_scenarios(source: str | Path | list[dict[str, Any]] | dict[str, Any]) -
 
 
 def system_prompt(
-    env_item: dict[str, Any], tools: Sequence[dict[str, Any]], include_rules: bool = True, call_style: str = "flat"
+    env_item: dict[str, Any],
+    tools: Sequence[dict[str, Any]],
+    include_rules: bool = True,
+    call_style: str = "flat",
+    prompt: str = "full",
 ) -> str:
     """The system message: what the environment is, its rules, the tools and the action format."""
+    if prompt == "compact":
+        return compact_system_prompt(tools)
     parts = [str(env_item.get("environment_introduction") or env_item.get("environment_summary") or "").strip()]
     rules = env_item.get("constraints_rules") or []
     if include_rules and rules:
         parts.append("Rules:\n" + "\n".join(f"- {rule}" for rule in rules))
     parts.append(tool_call_instructions(tools, call_style, env_item.get("usage_examples") or ()))
     return "\n\n".join(p for p in parts if p)
+
+
+def compact_system_prompt(tools: Sequence[dict[str, Any]]) -> str:
+    """Tools as signatures, optional parameters marked `?`: `Tools: get_balance(account_id) list_bills(payee?)`."""
+    signatures = []
+    for tool in tools:
+        params = tool.get("parameters") or {}
+        required = set(params.get("required") or [])
+        names = [k if k in required else f"{k}?" for k in params.get("properties") or {}]
+        signatures.append(f"{tool['name']}({', '.join(names)})")
+    return "Tools: " + " ".join(signatures)
+
+
+# ---------------------------------------------------------------------------------------------- workers
+
+
+@dataclass
+class _Host:
+    """A sandbox worker and the episodes it hosts (`users` now, `hosted` over its life)."""
+
+    box: Sandbox
+    hosted: int = 0
+    users: int = 0
+    retired: bool = False
+    helpers_pid: int | None = None  # the worker process that has the helpers loaded
+
+
+class WorkerPool:
+    """Sandbox workers handed to episodes: a fresh one per episode (`per_worker=1`), or one shared by up to
+    `per_worker` episodes over its life, then replaced (closed once its last episode has let go)."""
+
+    def __init__(self, limits: SandboxLimits, per_worker: int = 1) -> None:
+        self.limits = limits
+        self.per_worker = per_worker
+        self._current: _Host | None = None
+
+    def acquire(self) -> _Host:
+        host = self._current
+        if host is None or host.hosted >= self.per_worker:
+            if host is not None:
+                host.retired = True
+                self._close_if_idle(host)
+            host = self._current = _Host(Sandbox(self.limits))
+            host.box.spawn()  # it comes up while the model writes its first turn
+        host.hosted += 1
+        host.users += 1
+        return host
+
+    def release(self, host: _Host) -> None:
+        host.users -= 1
+        if host.retired or self.per_worker == 1:
+            host.retired = True
+            self._close_if_idle(host)
+
+    def ready(self, host: _Host) -> int | None:
+        """Start the worker if needed and load the helpers once per worker process; its pid, None on failure."""
+        try:
+            pid = host.box.start().pid
+        except SandboxError:
+            return None
+        if host.helpers_pid != pid:
+            setup = host.box.exec(_ENV_HELPERS, filename="<lopd-env-helpers>")
+            if not setup.ok:
+                return None
+            host.helpers_pid = pid
+        return pid
+
+    def _close_if_idle(self, host: _Host) -> None:
+        if host.users <= 0:
+            host.box.close()
+            if self._current is host:
+                self._current = None
+
+    def close(self) -> None:
+        if self._current is not None:
+            self._current.box.close()
+            self._current = None
 
 
 # ---------------------------------------------------------------------------------------------- episode
@@ -184,6 +300,7 @@ class EnvScalerEpisode:
         scenario: dict[str, Any],
         env_item: dict[str, Any],
         config: EnvScalerConfig,
+        pools: tuple[WorkerPool, WorkerPool] | None = None,
     ) -> None:
         self.task = task
         self.scenario = scenario
@@ -191,9 +308,14 @@ class EnvScalerEpisode:
         self.config = config
         self.tools = {t["name"]: t for t in task.tools}
         self._class_name = str(scenario.get("env_class_name") or env_item.get("env_class_name") or "")
-        self._env: Sandbox | None = None
-        self._env_loaded = False  # helpers and the environment instance live in the current worker
-        self._checker: Sandbox | None = None
+        if pools is None:
+            check_limits = replace(config.limits, timeout_s=config.check_timeout_s)
+            pools = (WorkerPool(config.limits), WorkerPool(check_limits))
+        self._env_pool, self._check_pool = pools
+        self._slot = f"{task.task_id}#{next(_SLOTS)}"
+        self._env: _Host | None = None
+        self._env_pid: int | None = None  # the worker process holding this episode's environment instance
+        self._checker: _Host | None = None
         self._init_blob: str | None = None
         self._state_blob: str | None = None
         self._env_error: str | None = None
@@ -206,29 +328,29 @@ class EnvScalerEpisode:
     # --------------------------------------------------------------------------------- environment
 
     def _start_env(self) -> bool:
-        """Start the environment worker and build the initial state; False if the environment cannot run."""
+        """Make sure a worker holds this episode's environment instance; False if the environment cannot run."""
         if self._env_error is not None:
             return False  # a permanent failure: the environment cannot be built
-        if self._env_loaded and self._env is not None and self._env.alive:
-            return True
-        self._env = self._env or Sandbox(self.config.limits)
-        setup = self._env.exec(_ENV_HELPERS, filename="<lopd-env-helpers>")
-        if not setup.ok:
-            self._env_error = f"sandbox setup failed: {setup.error}"
+        self._env = self._env or self._env_pool.acquire()
+        pid = self._env_pool.ready(self._env)
+        if pid is None:
+            self._env_error = "sandbox setup failed"
             return False
-        code = self.env_item["env_class_code"]
+        if self._env_pid == pid:
+            return True
+        box, code = self._env.box, self.env_item["env_class_code"]
         if self._state_blob is None:
-            built = self._env.call("_lopd_init", code, self._class_name, self.scenario.get("init_config") or {})
+            built = box.call("_lopd_init", self._slot, code, self._class_name, self.scenario.get("init_config") or {})
             if not built.ok or built.violations:
                 self._env_error = f"environment failed to initialise: {built.error or built.violations}"
                 return False
             self._init_blob = self._state_blob = built.value
         else:  # the worker died (timeout/crash): rebuild the instance from the last state snapshot
-            restored = self._env.call("_lopd_restore", code, self._class_name, self._state_blob)
+            restored = box.call("_lopd_restore", self._slot, code, self._class_name, self._state_blob)
             if not restored.ok:
                 self._env_error = f"environment could not be restored: {restored.error}"
                 return False
-        self._env_loaded = True
+        self._env_pid = pid
         return True
 
     def _execute(self, call: ToolCall) -> tuple[str, str]:
@@ -243,15 +365,15 @@ class EnvScalerEpisode:
         if not self._start_env():
             return f"Error: the environment is unavailable ({self._env_error}).", "tool_error"
         assert self._env is not None
-        result: SandboxResult = self._env.call("_lopd_call", call.name, arguments)
+        result: SandboxResult = self._env.box.call("_lopd_call", self._slot, call.name, arguments)
         if result.ok and not result.violations:
             self._state_blob = result.value["state"]
             return self._cut(result.value["observation"]), "call"
         if result.ok:  # the tool did something forbidden and then returned normally
             return f"Error: the tool attempted a forbidden operation ({'; '.join(result.violations)}).", "tool_error"
         if result.error_type in ("timeout", "crash", "too_large"):
-            self._env.close()  # restarted from the last state on the next call
-            self._env_loaded = False
+            self._env.box.close()  # restarted (every hosted episode from its last state) on the next call
+            self._env_pid = None
             return f"Error: the tool call failed ({result.error}).", "tool_error"
         return f"Error: {result.error}", "tool_error"
 
@@ -262,13 +384,13 @@ class EnvScalerEpisode:
     # -------------------------------------------------------------------------------------- protocol
 
     def initial_messages(self) -> list[Message]:
-        # Start both workers now, without waiting: they come up while the model writes its first turn.
-        self._env = self._env or Sandbox(self.config.limits)
-        self._checker = self._checker or Sandbox(replace(self.config.limits, timeout_s=self.config.check_timeout_s))
-        self._env.spawn()
-        self._checker.spawn()
-        prompt = system_prompt(self.env_item, self.task.tools, self.config.include_rules, self.config.call_style)
-        return [Message("system", prompt), Message("user", f"{self.task.instruction}\n{TASK_SUFFIX}")]
+        # Take the workers now: new ones come up while the model writes its first turn.
+        self._env = self._env or self._env_pool.acquire()
+        self._checker = self._checker or self._check_pool.acquire()
+        cfg = self.config
+        prompt = system_prompt(self.env_item, self.task.tools, cfg.include_rules, cfg.call_style, cfg.prompt)
+        task = self.task.instruction if cfg.prompt == "compact" else f"{self.task.instruction}\n{TASK_SUFFIX}"
+        return [Message("system", prompt), Message("user", task)]
 
     def step(self, action: str) -> StepResult:
         if self._done:
@@ -332,43 +454,44 @@ class EnvScalerEpisode:
             detail = self._env_error or "the environment could not be built"
             return [{"name": _check_name(it, i), "passed": False, "detail": detail} for i, it in enumerate(items)]
         out = []
-        checker = self._checker or Sandbox(replace(self.config.limits, timeout_s=self.config.check_timeout_s))
-        self._checker = checker
-        generation = -1
-        try:
-            for i, item in enumerate(items):
-                if generation != checker.restarts:  # fresh or restarted worker: load helpers and classes
-                    generation = checker.restarts
-                    ready = checker.exec(_ENV_HELPERS, filename="<lopd-env-helpers>")
-                    if ready.ok:
-                        ready = checker.call("_lopd_load", self.env_item["env_class_code"], self._class_name)
-                    if not ready.ok and checker.restarts == generation:
-                        detail = f"checker setup failed: {ready.error}"
-                        out += [
-                            {"name": _check_name(it, j), "passed": False, "detail": detail}
-                            for j, it in enumerate(items[i:], i)
-                        ]
-                        break
-                res = checker.call("_lopd_check", item.get("check_func", ""), self._init_blob, self._state_blob)
-                if not res.ok:
-                    detail = f"{res.error_type}: {res.error}"
-                elif res.violations:
-                    detail = "sandbox violation: " + "; ".join(res.violations)
-                else:
-                    detail = res.value.get("error") or ""
-                passed = res.ok and not res.violations and res.value.get("result") is True
-                out.append({"name": _check_name(item, i), "passed": bool(passed), "detail": detail})
-        finally:
-            checker.close()
-            self._checker = None
+        host = self._checker = self._checker or self._check_pool.acquire()
+        loaded_pid = None
+        for i, item in enumerate(items):
+            pid = self._check_pool.ready(host)  # a fresh or restarted worker: helpers, then the class
+            ready = SandboxResult(ok=pid is not None, error="the checker worker could not start")
+            if pid is not None and pid != loaded_pid:
+                ready = host.box.call("_lopd_load", self.env_item["env_class_code"], self._class_name)
+                loaded_pid = pid if ready.ok else None
+            if not ready.ok:
+                detail = f"checker setup failed: {ready.error}"
+                out += [
+                    {"name": _check_name(it, j), "passed": False, "detail": detail} for j, it in enumerate(items[i:], i)
+                ]
+                break
+            res = host.box.call("_lopd_check", item.get("check_func", ""), self._init_blob, self._state_blob)
+            if not res.ok:
+                detail = f"{res.error_type}: {res.error}"
+            elif res.violations:
+                detail = "sandbox violation: " + "; ".join(res.violations)
+            else:
+                detail = res.value.get("error") or ""
+            passed = res.ok and not res.violations and res.value.get("result") is True
+            out.append({"name": _check_name(item, i), "passed": bool(passed), "detail": detail})
         return out
 
     def close(self) -> None:
-        for box in (self._env, self._checker):
-            if box is not None:
-                box.close()
+        """Give the workers back (a fresh worker per episode is closed; a shared one drops this episode's slot)."""
+        if self._env is not None:
+            if self._env_pid is not None and self._env_pool.per_worker > 1 and self._env.box.alive:
+                self._env.box.call("_lopd_drop", self._slot)
+            self._env_pool.release(self._env)
+        if self._checker is not None:
+            self._check_pool.release(self._checker)
         self._env = self._checker = None
-        self._env_loaded = False
+        self._env_pid = None
+
+
+_SLOTS = itertools.count()
 
 
 def _short(text: str, n: int) -> str:
@@ -399,6 +522,9 @@ class EnvScalerSuite:
         self._scenarios: dict[str, dict[str, Any]] = {}
         self._tasks: dict[str, list[Task]] = {s: [] for s in SPLITS}
         self.skipped: list[str] = []  # scenarios left out (unknown environment or no checks), with the reason
+        check_limits = replace(self.config.limits, timeout_s=self.config.check_timeout_s)
+        per_worker = self.config.episodes_per_worker
+        self._pools = (WorkerPool(self.config.limits, per_worker), WorkerPool(check_limits, per_worker))
         for split, items in scenarios.items():
             if split not in SPLITS:
                 raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
@@ -464,7 +590,12 @@ class EnvScalerSuite:
 
     def episode(self, task: Task) -> EnvScalerEpisode:
         scenario = self._scenarios[task.task_id]
-        return EnvScalerEpisode(task, scenario, self.env_items[task.env_id], self.config)
+        return EnvScalerEpisode(task, scenario, self.env_items[task.env_id], self.config, self._pools)
+
+    def close(self) -> None:
+        """Stop the shared workers (episodes still open get fresh ones)."""
+        for pool in self._pools:
+            pool.close()
 
 
 def split_scenarios(

@@ -189,3 +189,55 @@ def test_limits_are_configurable(suite):
     assert episode.step(call("spin")).event == "tool_error"
     assert time.monotonic() - t0 < 3
     episode.close()
+
+
+# ------------------------------------------------------------------------------------------- shared workers
+
+SHARED = replace(CONFIG, episodes_per_worker=3)
+
+
+def test_a_shared_worker_hosts_episodes_apart_and_is_replaced_after_its_quota():
+    suite = EnvScalerSuite.from_files(ENV_FILE, {"train": SCENARIO_FILE}, config=SHARED)
+    task = suite.task("counter-001")
+    a, b, c = (suite.episode(task) for _ in range(3))
+    a.initial_messages(), b.initial_messages(), c.initial_messages()
+    assert a._env is b._env is c._env  # one worker, three slots
+    assert '"value": 6' in a.step(call("add", amount=1)).messages[0].content
+    assert '"value": 15' in b.step(call("add", amount=10)).messages[0].content
+    assert '"value": 8' in c.step(call("add", amount=3)).messages[0].content
+    assert '"value": 7' in a.step(call("add", amount=1)).messages[0].content  # a's own state, not b's
+    d = suite.episode(task)
+    d.initial_messages()
+    assert d._env is not a._env  # the first worker served its 3 episodes; a new one takes over
+    retired = a._env
+    assert retired.retired and retired.box.alive  # still hosting a, b and c
+    assert [e.result().reward for e in (a, b, c)] == [0.0, 0.0, 1.0]
+    assert not retired.box.alive  # closed when its last episode let go
+    assert d._env.box.alive
+    d.close()
+    suite.close()
+
+
+def test_a_timeout_in_a_shared_worker_restores_every_hosted_episode():
+    suite = EnvScalerSuite.from_files(ENV_FILE, {"train": SCENARIO_FILE}, config=SHARED)
+    task = suite.task("counter-001")
+    quiet, noisy = suite.episode(task), suite.episode(task)
+    assert '"value": 7' in quiet.step(call("add", amount=2)).messages[0].content
+    assert noisy.step(call("spin")).event == "tool_error"  # kills the shared worker
+    assert '"value": 8' in quiet.step(call("add", amount=1)).messages[0].content  # rebuilt from its last state
+    assert '"value": 6' in noisy.step(call("add", amount=1)).messages[0].content
+    assert quiet.result().reward == 1.0
+    noisy.close()
+    suite.close()
+
+
+def test_compact_prompt_lists_signatures_only():
+    suite = EnvScalerSuite.from_files(ENV_FILE, {"train": SCENARIO_FILE}, config=replace(CONFIG, prompt="compact"))
+    task = suite.task("lib-001")
+    episode = suite.episode(task)
+    system, user = episode.initial_messages()
+    assert system.content == "Tools: search_books(query) borrow_book(book_id, member) return_book(book_id)"
+    assert user.content == task.instruction  # no call cue
+    episode.close()
+    with pytest.raises(ValueError, match="prompt must be one of"):
+        EnvScalerConfig(prompt="terse")
