@@ -17,10 +17,17 @@ from pathlib import Path
 import torch
 from pydantic import Field
 
-from components.common import StageResult, StageSpec, read_trajectories, run_stage_cli, start_tracking
+from components.common import (
+    StageResult,
+    StageSpec,
+    backbone_label,
+    load_stage_backbone,
+    read_trajectories,
+    run_stage_cli,
+    start_tracking,
+)
 from components.memory import ExperienceBank
 from lopd_core.artifacts import ArtifactRef
-from lopd_core.backbone import load_backbone
 from lopd_core.checkpoint import save_checkpoint
 from lopd_core.cold_start import cold_start as run_cold_start
 from lopd_core.config import ColdStartConfig, LOPDConfig
@@ -30,6 +37,7 @@ from lopd_core.serialization import ChatSerializer
 
 class ColdStartSpec(StageSpec):
     backbone: str = "smollm2-135m"
+    warm_start: ArtifactRef | None = None  # the sft stage's model (frozen here like any backbone)
     suite: str = "toolworld"
     dataset: ArtifactRef  # collect's trajectories (successes are used)
     bank_snapshot: ArtifactRef  # the experience memory the composer reads
@@ -51,9 +59,10 @@ def cold_start(spec: ColdStartSpec) -> StageResult:
     torch.manual_seed(spec.lopd.seed)
     store = spec.store()
     successes = [t for t in read_trajectories(store.get(spec.dataset)) if t.reward >= spec.success_threshold]
-    labels = {"backbone": spec.backbone, "seed": spec.lopd.seed, "bank_snapshot_id": spec.bank_snapshot.sha256[:16]}
+    label = backbone_label(spec.backbone, spec.warm_start)
+    labels = {"backbone": label, "seed": spec.lopd.seed, "bank_snapshot_id": spec.bank_snapshot.sha256[:16]}
     with start_tracking(spec, "cold_start", spec.suite, spec, **labels) as run:
-        model, tok = load_backbone(spec.backbone)
+        model, tok, source = load_stage_backbone(spec.backbone, spec.warm_start, store)
         models = build_models(model, tok, spec.lopd)
         with open_snapshot(spec, spec.bank_snapshot, "cold_start") as bank:
             retrieve = bank.retriever(k=spec.lopd.n_retrieved)
@@ -65,10 +74,10 @@ def cold_start(spec: ColdStartSpec) -> StageResult:
             )  # fmt: skip
         path = save_checkpoint(
             Path(spec.stage_dir("cold_start")) / "composer", models, None,
-            {"step": 0, "backbone": spec.backbone, "role": "cold_start", "config": spec.lopd.model_dump(mode="json"),
+            {"step": 0, "backbone": source, "role": "cold_start", "config": spec.lopd.model_dump(mode="json"),
              "losses": losses, "n_records": len(successes)},
         )  # fmt: skip
-        ref = store.put(path, "checkpoint", {"role": "cold_start", "backbone": spec.backbone})
+        ref = store.put(path, "checkpoint", {"role": "cold_start", "backbone": label})
         metrics = {
             "nll_first": losses[0] if losses else float("nan"),
             "nll_last": losses[-1] if losses else float("nan"),

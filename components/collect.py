@@ -21,19 +21,22 @@ from components.common import (
     RolloutSpec,
     StageResult,
     StageSpec,
+    backbone_label,
+    load_stage_backbone,
     open_suite,
     run_stage_cli,
     start_tracking,
     write_trajectories,
 )
 from lopd_core.artifacts import ArtifactRef
-from lopd_core.backbone import load_backbone
 from lopd_core.rollout import RolloutEngine, summarize
 
 
 class CollectSpec(StageSpec):
     backbone: str = "smollm2-135m"
+    warm_start: ArtifactRef | None = None  # the sft stage's model: rolls out instead of the plain backbone
     suite: str = "toolworld"
+    validation_fraction: float = Field(0.0, ge=0, lt=1)  # a slice of the training split never collected on
     n_tasks: int | None = Field(None, ge=1)  # a seeded sample of the training split; None = all
     difficulties: list[int] | None = None  # keep only these difficulty levels
     samples_per_task: int = Field(1, ge=1)
@@ -46,7 +49,7 @@ class CollectSpec(StageSpec):
 
 def collect(spec: CollectSpec) -> StageResult:
     torch.set_num_threads(spec.threads)
-    suite = open_suite(spec.suite)
+    suite = open_suite(spec.suite, spec.validation_fraction)
     tasks = suite.tasks("train")
     if spec.difficulties is not None:
         tasks = [t for t in tasks if t.difficulty in set(spec.difficulties)]
@@ -55,15 +58,17 @@ def collect(spec: CollectSpec) -> StageResult:
     if not tasks:
         raise ValueError(f"no training tasks in suite {spec.suite!r} match difficulties={spec.difficulties}")
     store = spec.store()
-    with start_tracking(spec, "collect", spec.suite, spec, backbone=spec.backbone, seed=spec.seed) as run:
+    label = backbone_label(spec.backbone, spec.warm_start)
+    with start_tracking(spec, "collect", spec.suite, spec, backbone=label, seed=spec.seed) as run:
         if spec.checkpoint is not None:
             from lopd_core.checkpoint import load_student
 
-            models = load_student(store.get(spec.checkpoint), spec.backbone)
+            source = str(store.get(spec.warm_start)) if spec.warm_start is not None else spec.backbone
+            models = load_student(store.get(spec.checkpoint), source)
             model_cm = models.acting_student()
             tokenizer = models.tokenizer
         else:
-            model, tokenizer = load_backbone(spec.backbone)
+            model, tokenizer, _ = load_stage_backbone(spec.backbone, spec.warm_start, store)
             model_cm = contextlib.nullcontext(model)
         episodes = [suite.episode(t) for t in tasks for _ in range(spec.samples_per_task)]
         t0 = time.time()
@@ -74,7 +79,7 @@ def collect(spec: CollectSpec) -> StageResult:
         summary = summarize(trajectories)
         path = write_trajectories(spec.stage_dir("collect") / "trajectories.jsonl", trajectories)
         n_success = sum(t.reward >= spec.success_threshold and not t.failed for t in trajectories)
-        meta = {"suite": spec.suite, "backbone": spec.backbone, "n": len(trajectories), "n_success": n_success,
+        meta = {"suite": spec.suite, "backbone": label, "n": len(trajectories), "n_success": n_success,
                 "success_threshold": spec.success_threshold, "source_run": run.run_id}  # fmt: skip
         ref = store.put(path, "dataset", meta)
         metrics = {

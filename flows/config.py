@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from components.common import RolloutSpec
 from components.evaluate import BenchmarkSpec, DecodingSpec, RolloutLimits
-from lopd_core.config import ColdStartConfig, LOPDConfig, ScheduleConfig
+from lopd_core.config import ColdStartConfig, LOPDConfig, ScheduleConfig, SFTConfig
 
 Method = Literal["lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo"]
-RemoteStage = Literal["collect", "cold_start", "train", "evaluate"]
-GPU_STAGES: tuple[str, ...] = ("collect", "cold_start", "train", "evaluate")
+RemoteStage = Literal["sft", "collect", "cold_start", "train", "evaluate"]
+GPU_STAGES: tuple[str, ...] = ("sft", "collect", "cold_start", "train", "evaluate")
 DEFAULT_DEPLOYMENTS = {
+    "sft": "lopd-stage/sft",
     "collect": "lopd-stage/collect",
     "cold_start": "lopd-stage/cold-start",
     "train": "lopd-stage/train",
@@ -91,13 +92,18 @@ class EvalParams(Model):
 class ExecutionParams(Model):
     """Where stages run, how failures are retried, and the stage cache."""
 
-    mode: Literal["in_process", "deployments"] = Field(
+    mode: Literal["in_process", "subprocess", "deployments"] = Field(
         "in_process",
-        description="in_process: every stage in the pipeline's process (local). deployments: the GPU stages "
-        "as runs of their own deployments (Kubernetes pods at scale), via run_deployment.",
+        description="in_process: every stage in the pipeline's process (local). subprocess: the GPU stages as "
+        "child processes of this one, up to max_parallel at once (local, all cores busy). deployments: the GPU "
+        "stages as runs of their own deployments (Kubernetes pods at scale), via run_deployment.",
+    )
+    max_parallel: int = Field(
+        1, ge=1, description="With mode=subprocess: stages running at once (e.g. the number of cores / threads)."
     )
     remote_stages: list[RemoteStage] = Field(
-        default_factory=lambda: list(GPU_STAGES), description="With mode=deployments: the stages sent away."
+        default_factory=lambda: list(GPU_STAGES),
+        description="With mode=subprocess or deployments: the stages run outside the pipeline's process.",
     )
     deployments: dict[str, str] = Field(
         default_factory=lambda: dict(DEFAULT_DEPLOYMENTS), description="Stage -> deployment ('flow/name')."
@@ -110,6 +116,17 @@ class ExecutionParams(Model):
     retry_delay_s: float = Field(10.0, ge=0, description="First retry delay; doubles at each retry.")
     stage_timeout_s: float | None = Field(None, gt=0, description="Longest wait for a stage deployment run.")
     cache: bool = Field(True, description="Skip stages whose inputs, parameters and code are unchanged.")
+
+
+class Variant(Model):
+    """An extra arm of the sweep: a method with overrides of its own (e.g. the fig. 3 ablation: LOPD at another
+    margin, or with a frozen composer). Overrides use dotted keys under `lopd.` and `train.`."""
+
+    method: Method = Field(description="The method this arm runs.")
+    overrides: dict[str, Any] = Field(default_factory=dict, description='e.g. {"lopd.margin_target": 0.0}')
+
+
+OVERRIDE_ROOTS = ("lopd", "train")
 
 
 class PipelineConfig(Model):
@@ -125,11 +142,40 @@ class PipelineConfig(Model):
     )
     experiment: str = Field("lopd", description="MLflow experiment.")
     backbone: str = Field("smollm2-135m", description='"tiny" | "smollm2-135m" | a local Hugging Face folder.')
-    suite: str = Field("toolworld", description="Training suite: toolworld | bfcl | envscaler:<env>:<train>[:<eval>].")
+    suite: str = Field(
+        "toolworld",
+        description="Training suite: toolworld | toolworld-compact | bfcl | envscaler:<env>:<train>[:<eval>].",
+    )
     methods: list[Method] = Field(default_factory=lambda: ["lopd"], description="Methods of the sweep.")
     seeds: list[int] = Field(default_factory=lambda: [0], description="Training seeds of the sweep.")
     success_threshold: float = Field(1.0, ge=0, le=1, description="Reward that counts as a success (bank entry).")
     threads: int = Field(1, ge=1, description="torch threads per stage.")
+    validation_fraction: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="A stratified slice of the training split held out of every training stage, to choose "
+        "hyperparameters on (evaluate it with a benchmark whose split is validation). 0 = none.",
+    )
+    sft: SFTConfig | None = Field(
+        None,
+        description="The warm start: supervised fine-tuning on verified demonstrations before everything else; "
+        "every later stage starts from its model, and the base row of the table is this warm start. null = none.",
+    )
+    budget: int | None = Field(
+        None,
+        ge=1,
+        description="Equal generation budget per training run: each arm trains for ceil(budget / (tasks_per_step x "
+        "samples_per_task)) steps, overriding train.schedule.steps. null = train.schedule.steps.",
+    )
+    overrides: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description='Per method or variant: dotted overrides of lopd.* and train.*, e.g. {"grpo": '
+        '{"train.schedule.samples_per_task": 8, "lopd.student_lr": 0.001}}.',
+    )
+    variants: dict[str, Variant] = Field(
+        default_factory=dict, description="Extra named arms beside `methods` (ablations), trained for every seed."
+    )
     lopd: LOPDConfig = LOPDConfig()
     collect: CollectParams = CollectParams()
     bank: BankParams = BankParams()
@@ -144,8 +190,19 @@ class PipelineConfig(Model):
             raise ValueError("the sweep needs at least one method and one seed")
         if len(set(self.methods)) != len(self.methods) or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"methods and seeds must not repeat: {self.methods}, {self.seeds}")
-        if "grpo" in self.methods and self.train.schedule.samples_per_task < 2:
-            raise ValueError("method 'grpo' needs train.schedule.samples_per_task >= 2 (the group size G)")
+        clash = set(self.variants) & set(get_args(Method))
+        if clash:
+            raise ValueError(f"variant names must differ from method names: {sorted(clash)}")
+        unknown_arms = set(self.overrides) - {*self.methods, *self.variants}
+        if unknown_arms:
+            raise ValueError(f"overrides name arms that are not in methods or variants: {sorted(unknown_arms)}")
+        for arm, method in self.arms():
+            _, train = self.arm_config(arm)  # validates every override
+            if method == "grpo" and train.schedule.samples_per_task < 2:
+                raise ValueError(
+                    f"arm {arm!r} (grpo) needs train.schedule.samples_per_task >= 2 (the group size G); "
+                    f'set it in overrides, e.g. overrides: {{{arm}: {{"train.schedule.samples_per_task": 8}}}}'
+                )
         unknown = set(self.execution.deployments) - set(GPU_STAGES)
         if unknown:
             raise ValueError(f"execution.deployments names unknown stages {sorted(unknown)}; stages: {GPU_STAGES}")
@@ -183,7 +240,40 @@ class PipelineConfig(Model):
         return self.model_copy(update=update)
 
     def method_config(self, method: str, seed: int) -> LOPDConfig:
-        return self.lopd.model_copy(update={"method": method, "seed": seed})
+        """The method's LOPDConfig for `seed` (with the method's overrides; used for arms named by a method)."""
+        return self.arm_config(method)[0].model_copy(update={"method": method, "seed": seed})
+
+    def arms(self) -> list[tuple[str, str]]:
+        """(arm name, method) of the sweep: one arm per method, then the variants."""
+        return [(m, m) for m in self.methods] + [(name, v.method) for name, v in self.variants.items()]
+
+    def arm_config(self, arm: str) -> tuple[LOPDConfig, TrainParams]:
+        """An arm's method config and train settings: lopd/train, then the method's overrides, then the variant's;
+        with a budget, schedule.steps = ceil(budget / (tasks_per_step x samples_per_task))."""
+        method = self.variants[arm].method if arm in self.variants else arm
+        data = {"lopd": self.lopd.model_dump(mode="json"), "train": self.train.model_dump(mode="json")}
+        layers = [self.overrides.get(method, {})] if arm in self.variants else []
+        layers += [self.overrides.get(arm, {})]
+        if arm in self.variants:
+            layers.append(self.variants[arm].overrides)
+        for layer in layers:
+            for key, value in layer.items():
+                if key.split(".", 1)[0] not in OVERRIDE_ROOTS or "." not in key:
+                    raise ValueError(f"override {key!r} of arm {arm!r}: keys are dotted under {OVERRIDE_ROOTS}")
+                set_dotted(data, key, value)
+        data["lopd"]["method"] = method
+        try:
+            lopd, train = LOPDConfig.model_validate(data["lopd"]), TrainParams.model_validate(data["train"])
+        except ValidationError as exc:
+            raise ValueError(f"arm {arm!r}: invalid override:\n{exc}") from None
+        if self.budget is not None:
+            per_step = train.schedule.tasks_per_step * train.schedule.samples_per_task
+            steps = -(-self.budget // per_step)
+            every = min(train.schedule.checkpoint_every, steps)
+            train = train.model_copy(
+                update={"schedule": train.schedule.model_copy(update={"steps": steps, "checkpoint_every": every})}
+            )
+        return lopd, train
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json", exclude_defaults=False), sort_keys=False)

@@ -1,11 +1,13 @@
-"""`lopd-pipeline`: collect -> bank -> cold-start -> train -> evaluate -> report, for LOPD and baselines x seeds.
+"""`lopd-pipeline`: [sft ->] collect -> bank -> cold-start -> train -> evaluate -> report, methods x seeds.
 
     from flows.config import load_config
     from flows.pipeline import lopd_pipeline
     summary = lopd_pipeline(load_config("configs/tiny.yaml"))      # Prefect's ephemeral API unless PREFECT_API_URL
 
-The sweep: collect and bank once; cold-start per seed (LOPD only); train and evaluate per (method, seed); the
-base model is evaluated once as the reference row; the report compares everything (flows/report.py). Stages go
+The sweep: the warm start (sft, when configured) once, collect and bank once; cold-start per seed (LOPD only); train
+and evaluate per (arm, seed), where the arms are the methods plus the named variants, each at the config's equal
+generation budget; the base model (the warm start) is evaluated once as the reference row; the report compares
+everything (flows/report.py). Stages go
 through the stage cache (flows/stages.py): an unchanged pipeline re-runs in seconds, a changed parameter re-runs
 that stage and what depends on it. The pipeline's MLflow run (parent of every stage run) carries the Prefect
 flow run id and URL; the flow run gets a markdown report, a table of the evaluation and links to MLflow.
@@ -31,10 +33,11 @@ from components.cold_start import ColdStartSpec
 from components.collect import CollectSpec
 from components.common import StageResult
 from components.evaluate import EvaluateSpec
+from components.sft import SFTSpec
 from components.tracking import Tag, Tracker, redact
 from components.train import TrainSpec
 from flows.config import PipelineConfig
-from flows.report import LABEL_TAG, TRAIN_RUN_TAG, ReportSpec
+from flows.report import ARM_TAG, LABEL_TAG, TRAIN_RUN_TAG, ReportSpec
 from flows.stages import StageContext, retry_transient, stage_key, stage_task
 from lopd_core.artifacts import ArtifactRef
 
@@ -120,7 +123,7 @@ def _run(calls: list[tuple[str, str, BaseModel]], ctx: StageContext, cfg: Pipeli
     """Run stage calls (stage, label, spec): one after the other in-process, concurrently as deployment runs."""
     ex = cfg.execution
     task_ = stage_task.with_options(retries=ex.retries, retry_delay_seconds=exponential_backoff(ex.retry_delay_s))
-    parallel = ex.mode == "deployments" and len(calls) > 1 and all(s in ctx.remote_stages for s, _, _ in calls)
+    parallel = ex.mode != "in_process" and len(calls) > 1 and all(s in ctx.remote_stages for s, _, _ in calls)
     if parallel:
         futures = [task_.with_options(task_run_name=label).submit(stage, spec, ctx) for stage, label, spec in calls]
         for future in futures:
@@ -147,7 +150,9 @@ def stage_context(cfg: PipelineConfig) -> StageContext:
         run_dir=str(run_dir),
         cache_root=cfg.resolved_artifact_root(),
         use_cache=ex.cache,
-        remote_stages=tuple(ex.remote_stages) if ex.mode == "deployments" else (),
+        remote_stages=tuple(ex.remote_stages) if ex.mode != "in_process" else (),
+        mode=ex.mode,
+        max_parallel=ex.max_parallel,
         deployments=dict(ex.deployments),
         job_variables=ex.job_variables,
         env=env,
@@ -166,12 +171,27 @@ def _common(cfg: PipelineConfig, parent_run_id: str, tags: dict[str, str]) -> di
     }
 
 
-def collect_spec(cfg: PipelineConfig, common: dict[str, Any]) -> CollectSpec:
+def sft_spec(cfg: PipelineConfig, common: dict[str, Any]) -> SFTSpec:
+    assert cfg.sft is not None
+    return SFTSpec(
+        **common,
+        backbone=cfg.backbone,
+        suite=cfg.suite,
+        validation_fraction=cfg.validation_fraction,
+        difficulties=cfg.train.difficulties,
+        sft=cfg.sft,
+        threads=cfg.threads,
+    )
+
+
+def collect_spec(cfg: PipelineConfig, common: dict[str, Any], warm: ArtifactRef | None = None) -> CollectSpec:
     c = cfg.collect
     return CollectSpec(
         **common,
         backbone=cfg.backbone,
+        warm_start=warm,
         suite=cfg.suite,
+        validation_fraction=cfg.validation_fraction,
         n_tasks=c.n_tasks,
         difficulties=c.difficulties,
         samples_per_task=c.samples_per_task,
@@ -195,11 +215,17 @@ def bank_spec(cfg: PipelineConfig, common: dict[str, Any], dataset: ArtifactRef)
 
 
 def cold_start_spec(
-    cfg: PipelineConfig, common: dict[str, Any], seed: int, dataset: ArtifactRef, snapshot: ArtifactRef
+    cfg: PipelineConfig,
+    common: dict[str, Any],
+    seed: int,
+    dataset: ArtifactRef,
+    snapshot: ArtifactRef,
+    warm: ArtifactRef | None = None,
 ) -> ColdStartSpec:
     return ColdStartSpec(
         **common,
         backbone=cfg.backbone,
+        warm_start=warm,
         suite=cfg.suite,
         dataset=dataset,
         bank_snapshot=snapshot,
@@ -213,23 +239,26 @@ def cold_start_spec(
 def train_spec(
     cfg: PipelineConfig,
     common: dict[str, Any],
-    method: str,
+    arm: str,
     seed: int,
     dataset: ArtifactRef,
     snapshot: ArtifactRef,
     composer: ArtifactRef | None,
+    warm: ArtifactRef | None = None,
 ) -> TrainSpec:
     """Only LOPD reads the bank and the composer: a baseline's training does not depend on them."""
-    lopd = method == "lopd"
-    t = cfg.train
+    method_cfg, t = cfg.arm_config(arm)
+    lopd = method_cfg.method == "lopd"
     return TrainSpec(
-        **common,
+        **{**common, "tags": {**common["tags"], ARM_TAG: arm}},
         backbone=cfg.backbone,
+        warm_start=warm,
         suite=cfg.suite,
+        validation_fraction=cfg.validation_fraction,
         dataset=dataset,
         bank_snapshot=snapshot if lopd else None,
         composer=composer if lopd else None,
-        lopd=cfg.method_config(method, seed),
+        lopd=method_cfg.model_copy(update={"seed": seed}),
         schedule=t.schedule,
         rollout=t.rollout,
         n_train_tasks=t.n_train_tasks,
@@ -246,17 +275,21 @@ def evaluate_spec(
     seed: int | None,
     train: StageResult | None,
     bank: StageResult | None,
+    warm: ArtifactRef | None = None,
+    arm: str | None = None,
 ) -> EvaluateSpec:
     ev = cfg.evaluate
     checkpoint = train.artifacts["checkpoint"].to_dict() if train else None
     latent = ev.latent_eval and method == "lopd" and bank is not None
-    tags = {**common["tags"], "method": method, LABEL_TAG: label}
+    tags = {**common["tags"], "method": method, LABEL_TAG: label, ARM_TAG: arm or method}
     if seed is not None:
         tags["seed"] = str(seed)
     if train is not None and train.mlflow_run_id:
         tags[TRAIN_RUN_TAG] = train.mlflow_run_id
     return EvaluateSpec(
         backbone=cfg.backbone,
+        warm_start=warm.to_dict() if warm is not None else None,
+        validation_fraction=cfg.validation_fraction,
         checkpoint=checkpoint,
         name=label,
         benchmarks=ev.benchmarks,
@@ -304,33 +337,43 @@ def lopd_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         return done
 
     try:
-        (c,) = run([("collect", "collect", collect_spec(cfg, common))])
+        warm = None
+        if cfg.sft is not None:
+            (w,) = run([("sft", "sft (warm start)", sft_spec(cfg, common))])
+            warm = w.result.artifacts["model"]
+        (c,) = run([("collect", "collect", collect_spec(cfg, common, warm))])
         dataset = c.result.artifacts["dataset"]
         (b,) = run([("bank", "bank", bank_spec(cfg, common, dataset))])
         snapshot = b.result.artifacts["bank_snapshot"]
-        seeds, members = cfg.seeds, [(m, s) for m in cfg.methods for s in cfg.seeds]
+        arms = dict(cfg.arms())
+        seeds, members = cfg.seeds, [(a, s) for a in arms for s in cfg.seeds]
         composers: dict[int, ArtifactRef] = {}
-        if "lopd" in cfg.methods:
+        if "lopd" in arms.values():
             colds = run(
                 [
-                    ("cold_start", f"cold-start seed {s}", cold_start_spec(cfg, common, s, dataset, snapshot))
+                    ("cold_start", f"cold-start seed {s}", cold_start_spec(cfg, common, s, dataset, snapshot, warm))
                     for s in seeds
                 ]
             )
             composers = {s: o.result.artifacts["composer"] for s, o in zip(seeds, colds, strict=True)}
         trained = run(
             [
-                ("train", f"train {m} seed {s}", train_spec(cfg, common, m, s, dataset, snapshot, composers.get(s)))
-                for m, s in members
+                (
+                    "train",
+                    f"train {a} seed {s}",
+                    train_spec(cfg, common, a, s, dataset, snapshot, composers.get(s), warm),
+                )
+                for a, s in members
             ]
         )
         calls = []
         if cfg.evaluate.base:
-            base = evaluate_spec(cfg, common, f"{cfg.backbone} (base)", "base", None, None, None)
+            name = f"{cfg.backbone} (base)" if warm is None else "vanilla (sft warm start)"
+            base = evaluate_spec(cfg, common, name, "base", None, None, None, warm)
             calls.append(("evaluate", "evaluate base", base))
-        for (m, s), t in zip(members, trained, strict=True):
-            spec = evaluate_spec(cfg, common, f"{m} seed {s}", m, s, t.result, b.result)
-            calls.append(("evaluate", f"evaluate {m} seed {s}", spec))
+        for (a, s), t in zip(members, trained, strict=True):
+            spec = evaluate_spec(cfg, common, f"{a} seed {s}", arms[a], s, t.result, b.result, warm, a)
+            calls.append(("evaluate", f"evaluate {a} seed {s}", spec))
         evaluated = run(calls)
         report = ReportSpec(
             **common,
@@ -338,6 +381,12 @@ def lopd_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
             title=f"LOPD pipeline: {', '.join(cfg.methods)} x seeds {cfg.seeds}",
             evaluate_run_ids=[o.result.mlflow_run_id for o in evaluated if o.result.mlflow_run_id],
             evaluations=[o.result.artifacts["metrics"] for o in evaluated],
+            episodes=[o.result.artifacts["episodes"] for o in evaluated] if cfg.sft is not None else [],
+            train_seconds={
+                t.result.mlflow_run_id: t.result.metrics["seconds"]
+                for t in trained
+                if t.result.mlflow_run_id and "seconds" in t.result.metrics
+            },
         )
         (r,) = run([("report", "report", report)])
         summary = publish(cfg, pipe, r, outcomes, flow_run_id, flow_run_url)

@@ -25,9 +25,17 @@ from components.tracking import Tracker, plot_runs, redact
 from lopd_core.artifacts import ArtifactRef
 
 LABEL_TAG = "lopd.label"
+ARM_TAG = "lopd.arm"  # the sweep arm: a method, or a named variant of one (ablations)
 TRAIN_RUN_TAG = "lopd.train_run_id"
 BUDGET_METRICS = ("reward_mean", "success_rate", "margin", "beta")
-REPORT_FILES = ("report.md", "comparison.json", "curves_generations.png", "curves_step.png")
+REPORT_FILES = (
+    "report.md",
+    "comparison.json",
+    "curves_generations.png",
+    "curves_step.png",
+    "study.json",
+    "study_curves.png",
+)
 
 
 class ReportSpec(BaseModel):
@@ -44,6 +52,9 @@ class ReportSpec(BaseModel):
     evaluate_run_ids: list[str] = Field(default_factory=list)  # one row each, in this order
     evaluations: list[ArtifactRef] = Field(default_factory=list)  # their metrics.json (the cache key's inputs)
     budget: float | None = None  # equal-budget view; None = the smallest final generation count
+    episodes: list[ArtifactRef] = Field(default_factory=list)  # per evaluation (same order): records.jsonl (study)
+    train_seconds: dict[str, float] = Field(default_factory=dict)  # train run id -> wall seconds (study table)
+    reference_arm: str = "grpo"  # the study's sample-efficiency reference
 
 
 def _tracker(spec: ReportSpec) -> Tracker:
@@ -91,6 +102,7 @@ def evaluation_rows(tracker: Tracker, run_ids: list[str]) -> list[dict[str, Any]
             {
                 "label": tags.get(LABEL_TAG) or run.info.run_name,
                 "method": tags.get("method"),
+                "arm": tags.get(ARM_TAG) or tags.get("method"),
                 "seed": int(seed) if seed and seed.lstrip("-").isdigit() else None,
                 "run_id": run_id,
                 "train_run_id": tags.get(TRAIN_RUN_TAG) or None,
@@ -310,6 +322,16 @@ def build_report(spec: ReportSpec) -> StageResult:
     from components.artifacts import ArtifactStore
 
     store = ArtifactStore(spec.artifact_root or Path(spec.run_dir) / "artifacts")
+    if spec.episodes:
+        from flows.study import study_section
+
+        if len(spec.episodes) != len(spec.evaluate_run_ids):
+            raise ValueError("ReportSpec.episodes must list one records artifact per evaluation run")
+        episodes = {rid: store.get(ref) for rid, ref in zip(spec.evaluate_run_ids, spec.episodes, strict=True)}
+        text, _ = study_section(tracker, rows, episodes, train, spec.train_seconds, out_dir, spec.reference_arm)
+        report = out_dir / "report.md"
+        head, _, rest = report.read_text().partition("\n")
+        report.write_text(f"{head}\n\n{text}\n{rest}")
     ref = store.put(out_dir, "report", {"title": spec.title, "n_models": len(rows)})
     if spec.parent_run_id:
         log_report(tracker, spec.parent_run_id, out_dir)

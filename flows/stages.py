@@ -15,7 +15,12 @@ stage with the same key continues where it stopped (training resumes from its la
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import socket
+import subprocess
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,11 +37,12 @@ from components.cold_start import ColdStartSpec, cold_start
 from components.collect import CollectSpec, collect
 from components.common import StageResult
 from components.evaluate import EvaluateSpec, evaluate
+from components.sft import SFTSpec, run_sft
 from components.train import TrainSpec, train
 from flows.cache import StageCache, code_version, key_material, stage_key
 from lopd_core.artifacts import ArtifactRef
 
-StageName = Literal["collect", "bank", "cold_start", "train", "evaluate", "report"]
+StageName = Literal["sft", "collect", "bank", "cold_start", "train", "evaluate", "report"]
 
 
 def run_evaluate(spec: EvaluateSpec) -> StageResult:
@@ -72,6 +78,7 @@ def _report_spec_cls() -> type[BaseModel]:
 
 
 RUNNERS: dict[str, tuple[Callable[[], type[BaseModel]], Callable[[Any], StageResult]]] = {
+    "sft": (lambda: SFTSpec, run_sft),
     "collect": (lambda: CollectSpec, collect),
     "bank": (lambda: BankSpec, bank),
     "cold_start": (lambda: ColdStartSpec, cold_start),
@@ -235,6 +242,8 @@ class StageContext:
     cache_root: str
     use_cache: bool = True
     remote_stages: tuple[str, ...] = ()
+    mode: str = "in_process"  # how remote_stages run: "subprocess" (children of this process) or "deployments"
+    max_parallel: int = 1  # subprocess mode: stages running at once
     deployments: dict[str, str] = field(default_factory=dict)
     job_variables: dict[str, dict[str, Any]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -279,6 +288,38 @@ def _run_remote(stage: str, spec: BaseModel, key: str, ctx: StageContext) -> Sta
     return result
 
 
+_SLOTS: dict[int, threading.BoundedSemaphore] = {}
+_SLOTS_LOCK = threading.Lock()
+
+
+def _slots(n: int) -> threading.BoundedSemaphore:
+    with _SLOTS_LOCK:
+        return _SLOTS.setdefault(n, threading.BoundedSemaphore(n))
+
+
+def _run_subprocess(stage: str, spec: BaseModel, key: str, ctx: StageContext) -> StageResult:
+    """The stage's component CLI in a child process (at most ctx.max_parallel at once); its log goes to
+    `<stage dir>/stage.log`, its result into the stage cache like any other run."""
+    logger = get_run_logger()
+    folder = Path(getattr(spec, "run_dir", None) or ctx.stage_dir(stage, key))
+    folder.mkdir(parents=True, exist_ok=True)
+    spec_file, out_file, log_file = folder / "spec.json", folder / "result.json", folder / "stage.log"
+    spec_file.write_text(spec.model_dump_json(indent=2))
+    out_file.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "flows.stages", stage, str(spec_file), str(out_file)]
+    env = {**os.environ, **ctx.env, "TQDM_MININTERVAL": "30"}
+    with _slots(ctx.max_parallel):
+        logger.info("stage %s -> child process (log %s)", stage, log_file)
+        with open(log_file, "wb") as log:
+            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    if code != 0 or not out_file.exists():
+        tail = log_file.read_text(errors="replace")[-3000:]
+        raise StageRunError(f"stage {stage} exited with code {code}; the end of {log_file}:\n{tail}", crashed=code < 0)
+    result = StageResult.model_validate_json(out_file.read_text())
+    StageCache(ctx.cache_root).put(stage, key, result, result_state(stage, result), key_material(stage, spec))
+    return result
+
+
 @task(
     name="stage",
     cache_policy=NO_CACHE,
@@ -299,7 +340,9 @@ def stage_task(stage: str, spec: BaseModel, ctx: StageContext) -> StageResult | 
         if hit is not None:
             logger.info("%s: cache hit %s (%s)", stage, key[:12], hit.summary)
             return Completed(name="Cached", data=hit, message=f"stage cache hit {key[:12]}")
-    if stage in ctx.remote_stages:
+    if stage in ctx.remote_stages and ctx.mode == "subprocess":
+        result = _run_subprocess(stage, spec, key, ctx)
+    elif stage in ctx.remote_stages:
         result = _run_remote(stage, spec, key, ctx)
     else:
         result = execute_stage(stage, spec, ctx.cache_root, key)
@@ -309,3 +352,21 @@ def stage_task(stage: str, spec: BaseModel, ctx: StageContext) -> StageResult | 
 
 def stage_options(retries: int, retry_delay_s: float) -> dict[str, Any]:
     return {"retries": retries, "retry_delay_seconds": exponential_backoff(retry_delay_s) if retries else 0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m flows.stages STAGE SPEC.json RESULT.json`: run one stage's component (what subprocess mode runs)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] not in RUNNERS:
+        print(f"usage: python -m flows.stages {{{','.join(RUNNERS)}}} SPEC.json RESULT.json", file=sys.stderr)
+        return 2
+    stage, spec_file, out_file = args
+    spec = parse_spec(stage, json.loads(Path(spec_file).read_text()))
+    result = RUNNERS[stage][1](spec)
+    Path(out_file).write_text(result.model_dump_json(indent=2))
+    print(result.summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

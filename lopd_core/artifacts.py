@@ -17,6 +17,7 @@ ARTIFACT_KINDS = (
     "dataset",  # trajectories (jsonl)
     "bank_snapshot",  # experience memory snapshot
     "checkpoint",  # student / composer / optimizer state
+    "model",  # a Hugging Face model folder (the sft stage's warm start)
     "latent_cache",  # cold-start latents c_phi0
     "metrics",  # evaluation or training metrics (json)
     "report",  # markdown / plots

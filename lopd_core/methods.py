@@ -78,6 +78,7 @@ class LatentContext(NoContext):
         self.composer = composer
         self.retrieve = retrieve
         self.cfg = cfg
+        self.teacher_requires_grad = not cfg.freeze_composer  # a frozen composer needs no teacher backward
 
     def contexts(self, trajectories: Sequence[Trajectory]) -> list[TeacherContext | None]:
         return [TeacherContext.latent(self.cfg.n_latents)] * len(trajectories)

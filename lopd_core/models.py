@@ -56,6 +56,9 @@ class LOPDModels:
         return [p for p in self.student.parameters() if p.requires_grad]
 
     def composer_parameters(self) -> list[nn.Parameter]:
+        """The composer's trainable parameters (none with `freeze_composer`)."""
+        if self.cfg.freeze_composer:
+            return []
         return self.composer.encoder_parameters() + list(self.composer.qformer.parameters())
 
     @contextlib.contextmanager
@@ -125,5 +128,9 @@ def build_models(backbone: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     models = LOPDModels(backbone, student, tokenizer, switch, student_switch, composer, cfg)
     for p in models.student_parameters() + models.composer_parameters():
         p.requires_grad_(True)
+    if cfg.freeze_composer:
+        models.composer.qformer.requires_grad_(False)
+        for p in models.composer.encoder_parameters():
+            p.requires_grad_(False)
     models.set_gradient_checkpointing(cfg.gradient_checkpointing)
     return models

@@ -11,7 +11,8 @@ model sees, never exceptions in the trainer; they are counted in `EpisodeResult`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from lopd_core.conversation import Message
@@ -69,3 +70,49 @@ class Suite(Protocol):
     def tasks(self, split: str) -> list[Task]: ...
 
     def episode(self, task: Task) -> Episode: ...
+
+
+VALIDATION = "validation"
+
+
+class WithValidation:
+    """A suite whose training split lends a stratified slice to a `validation` split, for choosing
+    hyperparameters without touching the held-out `eval` split.
+
+        suite = WithValidation(load_toolworld(), fraction=0.1)
+        suite.tasks("train")        # the training split minus the slice (what training, SFT and the bank see)
+        suite.tasks("validation")   # the slice: split="validation", never enters a training bank
+
+    The slice takes round(fraction * n) tasks of every (environment, difficulty) group, chosen by a seeded hash
+    of the task id, so it does not depend on the order or the sampling of tasks elsewhere. Everything else
+    (episodes, scenarios) is the wrapped suite's.
+    """
+
+    def __init__(self, suite: Suite, fraction: float, seed: int = 0) -> None:
+        if not 0.0 < fraction < 1.0:
+            raise ValueError(f"validation fraction must lie in (0, 1), got {fraction}")
+        self.suite = suite
+        self.name = suite.name
+        self.fraction = fraction
+        self.seed = seed
+        groups: dict[tuple[str, int | None], list[Task]] = {}
+        for task in suite.tasks("train"):
+            groups.setdefault((task.env_id, task.difficulty), []).append(task)
+        held: set[str] = set()
+        for group in groups.values():
+            ranked = sorted(group, key=lambda t: hashlib.sha256(f"{seed}:{t.task_id}".encode()).hexdigest())
+            held.update(t.task_id for t in ranked[: round(fraction * len(group))])
+        self.validation_ids = frozenset(held)
+
+    def tasks(self, split: str) -> list[Task]:
+        if split == VALIDATION:
+            return [replace(t, split=VALIDATION) for t in self.suite.tasks("train") if t.task_id in self.validation_ids]
+        if split == "train":
+            return [t for t in self.suite.tasks("train") if t.task_id not in self.validation_ids]
+        return self.suite.tasks(split)
+
+    def episode(self, task: Task) -> Episode:
+        return self.suite.episode(task)
+
+    def __getattr__(self, name: str) -> Any:  # scenario(), close(), ... of the wrapped suite
+        return getattr(self.suite, name)

@@ -23,6 +23,7 @@ DASH = "—"
 BFCL_SUBSETS = ("base", "miss_func", "miss_param", "long_context")
 LABELS = {
     "toolworld": "Built-in (toolworld)",
+    "toolworld-compact": "Built-in (toolworld, compact prompts)",
     "envscaler": "EnvScaler",
     "bfcl": "BFCL-v3",
     "acebench": "ACEBench",

@@ -212,6 +212,42 @@ def generate(seed: str = SEED) -> tuple[dict[str, dict[str, Any]], dict[str, lis
     return env_items, {"train": splits["train"], "eval": splits["eval"]}
 
 
+POOL_SEED = "toolworld-pool-v1"
+
+
+def training_pool(
+    per_level: int, levels: tuple[int, ...] = LEVELS, seed: str = POOL_SEED, data_dir: Path = DATA_DIR
+) -> list[dict[str, Any]]:
+    """More training-distribution scenarios for demonstrations (the sft stage): `per_level` per environment and
+    level, ids `tw-pool-...`, drawn from their own seed stream. Disjoint from every shipped scenario: a
+    candidate whose instance (environment, initial state, task) or task text equals one of the held-out split,
+    of the training split (which holds the validation slice) or of the prompt examples is skipped; pool items
+    are distinct instances but may repeat a task text among themselves (different worlds).
+    """
+    known = [item for name in SPLIT_FILES.values() for item in json.loads((data_dir / name).read_text())]
+    examples = {(spec.env_id, e["task"]) for spec in ENVIRONMENTS for e in usage_examples(spec)}
+    seen_instances = {fingerprint(item) for item in known}
+    known_tasks = {(item["env_id"], item["task"]) for item in known} | examples
+    pool: list[dict[str, Any]] = []
+    for spec in ENVIRONMENTS:
+        for level in levels:
+            made, index = 0, 0
+            while made < per_level:
+                index += 1
+                if index > per_level * 20:
+                    raise RuntimeError(f"cannot generate {per_level} pool scenarios for {spec.env_id} level {level}")
+                composed = compose(spec, level, random.Random(f"{seed}|{spec.env_id}|{level}|{index}"))
+                if composed is None:
+                    continue
+                item = scenario_item(spec, f"tw-pool-{SHORT[spec.env_id]}-d{level}-{made + 1:04d}", *composed)
+                if fingerprint(item) in seen_instances or (item["env_id"], item["task"]) in known_tasks:
+                    continue  # pool items may share a task text among themselves, never with a shipped one
+                seen_instances.add(fingerprint(item))
+                pool.append(item)
+                made += 1
+    return pool
+
+
 def dumps_items(items: list[Any] | dict[str, Any]) -> str:
     """JSON with one item per line: valid JSON, compact, and line-by-line diffable."""
     if isinstance(items, dict):

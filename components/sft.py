@@ -1,0 +1,122 @@
+"""sft: the warm start. Supervised fine-tuning of the whole student on verified demonstrations of training tasks.
+
+Demonstrations are the reference solutions of the suite's training split (minus the validation slice), replayed
+through the suite's own episodes so they carry real tool results and the exact prompts of the student's
+rollouts (`lopd_core.sft`); only replays that score 1.0 are kept. For the built-in toolworld suites,
+`sft.pool_per_level` adds generator scenarios of the training distribution (per environment and difficulty),
+disjoint from every shipped scenario by instance and by task text, so neither a held-out task nor a held-out
+instance reaches the SFT data. Output: the trained model as a Hugging Face folder (artifact kind "model"), which
+later stages load through their `warm_start` field, and the demonstrations (kind "dataset").
+
+    python -m components.sft backbone=toolworld-1m suite=toolworld-compact sft.steps=600 sft.pool_per_level=400
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+
+import torch
+from pydantic import Field
+
+from components.common import (
+    StageResult,
+    StageSpec,
+    backbone_label,
+    load_stage_backbone,
+    open_suite,
+    run_stage_cli,
+    start_tracking,
+    write_trajectories,
+)
+from lopd_core.artifacts import ArtifactRef
+from lopd_core.config import SFTConfig
+from lopd_core.envs.base import Suite, Task
+from lopd_core.sft import demonstration_stats, demonstrations, sft
+
+
+class SFTSpec(StageSpec):
+    backbone: str = "toolworld-1m"
+    warm_start: ArtifactRef | None = None  # continue from an earlier sft model instead of the plain backbone
+    suite: str = "toolworld-compact"
+    validation_fraction: float = Field(0.0, ge=0, lt=1)  # a slice of the training split never demonstrated
+    difficulties: list[int] | None = None  # demonstrate only these difficulty levels
+    sft: SFTConfig = SFTConfig()
+    max_seq_len: int = Field(4096, ge=64)
+    threads: int = Field(1, ge=1)
+
+
+def pool_suite(suite_name: str, per_level: int, difficulties: list[int] | None) -> Suite:
+    """The toolworld generator's extra training scenarios as a suite (their own task ids, split "train")."""
+    from lopd_core.envs.envscaler import EnvScalerSuite, load_env_items
+    from lopd_core.envs.toolworld import DATA_DIR, ENV_FILE, SUITES, load_toolworld
+    from lopd_core.envs.toolworld.generate import LEVELS, training_pool
+
+    if suite_name not in SUITES:
+        raise ValueError(f"sft.pool_per_level needs a toolworld suite ({', '.join(SUITES)}), not {suite_name!r}")
+    levels = tuple(sorted(set(difficulties))) if difficulties else LEVELS
+    if any(level > max(LEVELS) for level in levels):
+        raise ValueError(f"the generator's levels are {LEVELS} (level {max(LEVELS)} holds 6 to 8 calls)")
+    config = load_toolworld(prompt=SUITES[suite_name]).config
+    items = training_pool(per_level, levels=levels)
+    return EnvScalerSuite(load_env_items(DATA_DIR / ENV_FILE), {"train": items}, name=suite_name, config=config)
+
+
+def _tasks(suite: Suite, difficulties: list[int] | None) -> list[Task]:
+    tasks = suite.tasks("train")
+    return [t for t in tasks if difficulties is None or t.difficulty in set(difficulties)]
+
+
+def run_sft(spec: SFTSpec) -> StageResult:
+    torch.set_num_threads(spec.threads)
+    torch.manual_seed(spec.sft.seed)
+    cfg = spec.sft
+    store = spec.store()
+    suite = open_suite(spec.suite, spec.validation_fraction)
+    tasks = _tasks(suite, spec.difficulties)
+    if cfg.n_demonstrations is not None and cfg.n_demonstrations < len(tasks):
+        tasks = sorted(random.Random(cfg.seed).sample(tasks, cfg.n_demonstrations), key=lambda t: t.task_id)
+    t0 = time.time()
+    demos, dropped = demonstrations(suite, tasks, cfg.answer)
+    if cfg.pool_per_level:
+        pool = pool_suite(spec.suite, cfg.pool_per_level, spec.difficulties)
+        extra, extra_dropped = demonstrations(pool, pool.tasks("train"), cfg.answer)
+        demos, dropped = demos + extra, dropped + extra_dropped
+    if not demos:
+        raise ValueError(
+            f"no verified demonstrations in suite {spec.suite!r} (do its scenarios have reference solutions?)"
+        )
+    label = backbone_label(spec.backbone, spec.warm_start)
+    with start_tracking(spec, "sft", spec.suite, spec, backbone=label, seed=cfg.seed) as run:
+        model, tok, _ = load_stage_backbone(spec.backbone, spec.warm_start, store)
+        stats = demonstration_stats(demos)
+        run.log_json({**stats, "dropped": dropped}, "demonstrations.json")
+        sink = run.metrics_sink()
+        losses = sft(model, tok, demos, cfg, spec.max_seq_len, on_step=sink.log)
+        sink.close()
+        out = spec.stage_dir("sft") / "model"
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        ref = store.put(out, "model", {"backbone": spec.backbone, "sft_steps": cfg.steps, "n_demos": len(demos)})
+        data = store.put(write_trajectories(spec.stage_dir("sft") / "demonstrations.jsonl", demos), "dataset",
+                         {"suite": spec.suite, "n": len(demos), "role": "demonstrations"})  # fmt: skip
+        tail = losses[-min(20, len(losses)) :] if losses else [float("nan")]
+        metrics = {
+            "n_demonstrations": float(len(demos)),
+            "n_dropped": float(len(dropped)),
+            "nll_first": losses[0] if losses else float("nan"),
+            "nll_last": sum(tail) / len(tail),
+            "seconds": time.time() - t0,
+        }
+        run.log_metrics({k: v for k, v in metrics.items() if v == v})
+        run.log_artifact_ref(ref)
+        run.log_curves([["nll"], ["grad_norm"], ["lr"]])
+    text = (f"sft: {cfg.steps} steps on {len(demos)} demonstrations ({len(dropped)} dropped), "
+            f"NLL {metrics['nll_first']:.3f} -> {metrics['nll_last']:.3f} in {metrics['seconds']:.0f} s")  # fmt: skip
+    return StageResult(stage="sft", artifacts={"model": ref, "dataset": data}, metrics=metrics,
+                       mlflow_run_id=run.run_id, summary=text)  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(run_stage_cli(SFTSpec, run_sft))

@@ -1,0 +1,217 @@
+"""The study: arms (methods and ablation variants) x seeds from one warm start, at one equal generation budget.
+
+    lopd study configs/study-cpu.yaml                 # the grid; an interrupted study resumes (stage cache)
+    lopd study configs/study-cpu.yaml --ablation      # plus fig. 3: m in {0, 0.01, 0.1} and a frozen composer
+
+The study is the pipeline (flows/pipeline.py) on a config with a warm start (`sft`), a `budget` and seeds; its
+report gains what a comparison of methods needs (`study_section`):
+
+* a table per agent benchmark: held-out mean reward and success with 95% intervals over tasks and over seeds,
+  the paired difference to the warm start ("vanilla") with its interval over tasks, generations used, wall time;
+* training reward vs cumulative generations, the mean over seeds with a +-1 sd band, one line per arm
+  (study_curves.png);
+* the sample-efficiency figure: the generations each arm needs to reach the reference arm's (GRPO's) final
+  training reward, the paper's "< 30% of GRPO's rollouts" claim tested at this scale.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from components.tracking import Tracker, run_series
+from flows.config import PipelineConfig, Variant
+from lopd_core.evaluation.study import Band, arm_summary, final_value, generations_to_reach, seed_band
+
+STUDY_FILES = ("study.json", "study_curves.png")
+REWARD = "reward_mean"
+
+
+def fig3_variants(margins: tuple[float, ...] = (0.0, 0.01, 0.1)) -> dict[str, Variant]:
+    """The paper's fig. 3 ablation as extra arms beside `lopd` (m = 0.05): other margins, a frozen composer."""
+    out = {f"lopd m={m:g}": Variant(method="lopd", overrides={"lopd.margin_target": m}) for m in margins}
+    out["lopd frozen composer"] = Variant(method="lopd", overrides={"lopd.freeze_composer": True})
+    return out
+
+
+def with_ablation(cfg: PipelineConfig) -> PipelineConfig:
+    if "lopd" not in cfg.methods:
+        raise ValueError("the fig. 3 ablation varies LOPD: add lopd to methods")
+    return cfg.model_copy(update={"variants": {**cfg.variants, **fig3_variants()}})
+
+
+# ------------------------------------------------------------------------------------------------ the report
+
+
+def read_records(path: Path, benchmark: str) -> dict[str, float]:
+    """task id -> reward of the student acting alone on `benchmark`, from an evaluation's records.jsonl."""
+    out = {}
+    with open(path / "records.jsonl") as fh:
+        for line in fh:
+            r = json.loads(line)
+            if r["benchmark"] == benchmark and r.get("context", "none") == "none" and int(r.get("sample", 0)) == 0:
+                out[r["task_id"]] = float(r["reward"])
+    return out
+
+
+def _cell(est: Any, digits: int = 1) -> str:
+    return "-" if est is None else est.format(digits)
+
+
+def _seconds(values: list[float]) -> str:
+    return f"{statistics.fmean(values):.0f}" if values else "-"
+
+
+def study_section(
+    tracker: Tracker,
+    rows: list[dict[str, Any]],
+    episodes: dict[str, Path],
+    train: list[dict[str, Any]],
+    train_seconds: dict[str, float],
+    out_dir: Path,
+    reference: str = "grpo",
+) -> tuple[str, dict[str, Any]]:
+    """Markdown and data of the study (see the module docstring); writes study_curves.png into `out_dir`."""
+    agent = [b for b in dict.fromkeys(b for r in rows for b in r["benchmarks"]) if not _is_code(b)]
+    base = next((r for r in rows if r["method"] == "base"), None)
+    arms = list(dict.fromkeys(r["arm"] for r in rows if r["method"] != "base"))
+    generations = {t["run_id"]: t["final_generations"] for t in train}
+    parts, data = ["## Study: arms x seeds at an equal budget\n"], {"benchmarks": {}, "arms": arms}
+    for bench in agent:
+        baseline = read_records(episodes[base["run_id"]], bench) if base and base["run_id"] in episodes else None
+        body, table = [], {}
+        if baseline:
+            s = arm_summary({None: baseline})
+            table["vanilla"] = _json(s)
+            body.append(["vanilla (warm start)", "-", _cell(s["reward_tasks"]), "-", _cell(s["success_tasks"]), "-",
+                         "0 (reference)", "0", "-"])  # fmt: skip
+        for arm in arms:
+            members = [r for r in rows if r["arm"] == arm and r["run_id"] in episodes]
+            if not members:
+                continue
+            per_seed = {r["seed"]: read_records(episodes[r["run_id"]], bench) for r in members}
+            s = arm_summary(per_seed, baseline)
+            gens = [generations[r["train_run_id"]] for r in members if generations.get(r["train_run_id"]) is not None]
+            secs = [train_seconds[r["train_run_id"]] for r in members if r["train_run_id"] in train_seconds]
+            table[arm] = {**_json(s), "generations": gens, "train_seconds": secs}
+            body.append([arm, str(len(members)), _cell(s["reward_tasks"]), _cell(s["reward_seeds"]),
+                         _cell(s["success_tasks"]), _cell(s["success_seeds"]), _cell(s["delta_reward"]),
+                         f"{statistics.fmean(gens):.0f}" if gens else "-", _seconds(secs)])  # fmt: skip
+        header = ["Arm", "Seeds", "Reward [95% CI tasks]", "Reward [95% CI seeds]", "Success % [tasks]",
+                  "Success % [seeds]", "Δ reward vs vanilla [95% CI tasks]", "Generations",
+                  "Train wall time (s)"]  # fmt: skip
+        parts += [f"### {bench} (held-out; {table.get('vanilla', {}).get('n_tasks', '?')} tasks)\n",
+                  _table(header, body)]  # fmt: skip
+        data["benchmarks"][bench] = table
+    parts.append(
+        "Reward: mean reward x 100; success: % of tasks solved. Intervals over tasks average each task over the "
+        "seeds; intervals over seeds use the seeds' means (t, n_seeds - 1 df). Δ: paired per task against the "
+        "warm start; an arm improves on it when the interval's lower end is above 0.\n"
+    )
+    bands = _curves(tracker, rows, arms)
+    if bands:
+        path = out_dir / "study_curves.png"
+        plot_bands(bands, path, "training reward vs generations (mean over seeds, ±1 sd)")
+        parts += ["### Training reward vs generations\n", f"![training reward]({path.name})\n"]
+        data["curves"] = {arm: band.to_dict() for arm, band in bands.items()}
+        efficiency = sample_efficiency(bands, reference)
+        if efficiency:
+            data["sample_efficiency"] = efficiency
+            parts.append(_efficiency_markdown(efficiency, reference))
+    (out_dir / "study.json").write_text(json.dumps(data, indent=2, default=str))
+    return "\n".join(parts), data
+
+
+def _is_code(benchmark: str) -> bool:
+    return benchmark in ("humaneval", "humaneval_plus", "mbpp_plus", "livecodebench") or benchmark.startswith("lcb")
+
+
+def _json(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in summary.items()}
+
+
+def _table(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body]) + "\n"
+
+
+def _curves(tracker: Tracker, rows: list[dict[str, Any]], arms: list[str]) -> dict[str, Band]:
+    bands = {}
+    for arm in arms:
+        curves = []
+        for r in rows:
+            if r["arm"] == arm and r["train_run_id"]:
+                series = run_series(tracker, r["train_run_id"], [REWARD])
+                xs, ys = series.xy(REWARD, "generations")
+                if xs:
+                    curves.append((xs, ys))
+        if curves:
+            window = max(1, round(0.1 * min(len(y) for _, y in curves)))
+            bands[arm] = seed_band(curves, window)
+    return bands
+
+
+def sample_efficiency(bands: dict[str, Band], reference: str = "grpo") -> dict[str, Any] | None:
+    """Generations each arm needs to reach the reference arm's final training reward (smoothed, seed mean)."""
+    if reference not in bands:
+        return None
+    target = final_value(bands[reference])
+    budget = bands[reference].x[-1]
+    out: dict[str, Any] = {"reference": reference, "target_reward": target, "reference_generations": budget, "arms": {}}
+    for arm, band in bands.items():
+        reached = generations_to_reach(band.x, band.mean, target)
+        out["arms"][arm] = {"generations": reached, "fraction": reached / budget if reached is not None else None,
+                            "final_reward": final_value(band)}  # fmt: skip
+    return out
+
+
+def _efficiency_markdown(eff: dict[str, Any], reference: str) -> str:
+    lines = [f"### Sample efficiency: generations to reach {reference}'s final training reward "
+             f"({eff['target_reward']:.3f}, over its {eff['reference_generations']:.0f} generations)\n",
+             "| Arm | Final training reward | Generations to reach it | Fraction of the reference's |",
+             "|---|---|---|---|"]  # fmt: skip
+    for arm, e in eff["arms"].items():
+        gens = "not reached" if e["generations"] is None else f"{e['generations']:.0f}"
+        frac = "-" if e["fraction"] is None else f"{100 * e['fraction']:.0f}%"
+        lines.append(f"| {arm} | {e['final_reward']:.3f} | {gens} | {frac} |")
+    lines.append(
+        "\nThe paper claims LOPD passes GRPO's final reward at under 30% of GRPO's generations (fig. 4, Qwen3-4B, "
+        "EnvScaler). This table is that test at this scale, whatever it says.\n"
+    )
+    return "\n".join(lines)
+
+
+def plot_bands(bands: dict[str, Band], out: Path, title: str) -> Path:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8.0, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for i, (arm, band) in enumerate(bands.items()):
+        color = f"C{i % 10}"
+        ax.plot(band.x, band.mean, color=color, label=arm, linestyle="-" if i < 10 else "--")
+        ax.fill_between(band.x, band.lo, band.hi, color=color, alpha=0.15, linewidth=0)
+    ax.set_xlabel("cumulative generations (student rollouts)")
+    ax.set_ylabel("training reward (smoothed)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncols=2)
+    fig.savefig(out, dpi=110)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- the flow
+
+
+@flow(name="lopd-study", log_prints=True)
+def lopd_study(config: PipelineConfig, ablation: bool = False) -> dict[str, Any]:
+    """The study: the pipeline over every arm x seed at the config's equal budget, from its warm start; with
+    `ablation`, fig. 3's LOPD variants (margins 0, 0.01, 0.1 and a frozen composer) join the grid."""
+    from flows.pipeline import lopd_pipeline
+
+    if config.sft is None or config.budget is None:
+        raise ValueError("a study needs a warm start (sft) and an equal generation budget (budget)")
+    return lopd_pipeline(with_ablation(config) if ablation else config)

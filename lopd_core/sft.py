@@ -1,0 +1,190 @@
+"""The warm start: supervised fine-tuning on verified demonstrations (next-token NLL of the action tokens).
+
+    demos, dropped = demonstrations(suite, suite.tasks("train"))   # reference solutions replayed; reward 1.0 only
+    losses = sft(model, tokenizer, demos, SFTConfig(steps=600))   # every weight of `model` trained, in place
+
+A demonstration is a task's reference solution (from the suite's scenario) played through the suite's own
+episode by `ScriptedPolicy`: the observations are real tool results and a short final answer closes the
+episode, so demonstrations have exactly the format of the student's rollouts and the prompt the student will
+see. A replay that does not score 1.0 is dropped and counted. Only training-split tasks can be demonstrations:
+`demonstrations` refuses any other split, so neither a held-out task nor its instance reaches the SFT data.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from tqdm import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from lopd_core.config import SFTConfig
+from lopd_core.conversation import Trajectory
+from lopd_core.envs.actions import ToolCall, format_call
+from lopd_core.envs.base import Suite, Task
+from lopd_core.evaluation.harness import ScriptedPolicy
+from lopd_core.loss_head import token_logprobs
+from lopd_core.serialization import ChatSerializer
+
+
+def reference_actions(scenario: dict[str, Any], answer: str = "Done.", style: str = "flat") -> list[str]:
+    """The assistant turns of a scenario's reference solution: one JSON call per turn, then the answer."""
+    calls = scenario.get("reference_solution") or []
+    return [format_call(ToolCall(c["name"], dict(c.get("arguments") or {})), style) for c in calls] + [answer]
+
+
+def demonstrations(
+    suite: Suite, tasks: Sequence[Task], answer: str = "Done.", style: str = "flat"
+) -> tuple[list[Trajectory], list[str]]:
+    """Verified demonstrations of `tasks` (training split only): (trajectories with reward 1.0, dropped ids)."""
+    leaked = [t.task_id for t in tasks if t.split != "train"]
+    if leaked:
+        raise ValueError(f"demonstrations come from the training split only; got {len(leaked)} others: {leaked[:3]}")
+    scenario = getattr(suite, "scenario", None)
+    if scenario is None:
+        raise ValueError(f"suite {suite.name!r} has no scenarios with reference solutions to demonstrate")
+    with_solution = [t for t in tasks if scenario(t.task_id).get("reference_solution")]
+    policy = ScriptedPolicy(lambda task: reference_actions(scenario(task.task_id), answer, style))
+    replays = policy([suite.episode(t) for t in with_solution])
+    kept = [t for t in replays if t.reward >= 1.0 and not t.failed]
+    kept_ids = {k.task_id for k in kept}
+    dropped = [t.task_id for t in tasks if t.task_id not in kept_ids]
+    return kept, dropped
+
+
+def nll(model: PreTrainedModel, serializer: ChatSerializer, batch: Sequence[Trajectory], chunk: int = 1024) -> Any:
+    """Token-weighted mean NLL of the assistant tokens (content and end-of-turn) of `batch`."""
+    views = serializer.collate([serializer.student_view(t) for t in batch])
+    rows, cols = views.action_mask.nonzero(as_tuple=True)
+    device = model.device
+    hidden = model.model(
+        input_ids=views.input_ids.to(device), attention_mask=views.attention_mask.to(device), use_cache=False
+    ).last_hidden_state
+    targets = views.input_ids[rows, cols].to(device)
+    h = hidden[rows.to(device), (cols - 1).to(device)]
+    return -token_logprobs(h, targets, model.get_output_embeddings().weight, chunk).mean()
+
+
+def copy_pretrain(
+    model: PreTrainedModel,
+    steps: int,
+    lr: float = 3e-3,
+    batch_size: int = 32,
+    span: int = 16,
+    length: int = 64,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[float]:
+    """A from-scratch model's first lesson: copying. Each sequence is random tokens with a random span repeated
+    later; the loss is on the repeat. Induction (find the earlier occurrence, continue it) forms in a few hundred
+    steps here, whereas demonstrations alone, where ids to copy are a few tokens per turn, did not teach it in
+    600 steps (docs/study.md). Nothing about any task is in this data."""
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    model.requires_grad_(True)
+    model.train()
+    for _ in tqdm(range(steps), desc="copy pretraining", unit="step", disable=not progress):
+        loss = copy_loss(model, generator, batch_size, span, length)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def copy_loss(model: PreTrainedModel, generator: torch.Generator, batch_size: int, span: int, length: int) -> Any:
+    """Mean NLL of the repeat of a random span hidden in random tokens (see `copy_pretrain`)."""
+    vocab = model.get_input_embeddings().weight.shape[0]
+    noise = torch.randint(3, vocab, (batch_size, length), generator=generator)
+    repeat = torch.randint(3, vocab, (batch_size, span), generator=generator)
+    seq = torch.cat([noise[:, : length // 2], repeat, noise[:, length // 2 :], repeat], dim=1).to(model.device)
+    logits = model(input_ids=seq).logits[:, -span - 1 : -1]
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq[:, -span:].reshape(-1))
+
+
+def lr_at(step: int, cfg: SFTConfig) -> float:
+    """Linear warmup to cfg.lr, then cosine decay to cfg.lr * cfg.min_lr_ratio at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(cfg.steps - cfg.warmup_steps, 1)
+    progress = min((step - cfg.warmup_steps) / span, 1.0)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def sft(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    demos: Sequence[Trajectory],
+    cfg: SFTConfig,
+    max_seq_len: int = 40_960,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    progress: bool = True,
+) -> list[float]:
+    """Train every weight of `model` for `cfg.steps` AdamW steps on seeded batches of `demos`; returns the losses."""
+    if not demos:
+        raise ValueError("sft needs at least one demonstration")
+    serializer = ChatSerializer(tokenizer, max_seq_len)
+    over = [d.task_id for d in demos if serializer.is_overlength(serializer.student_view(d))]
+    if over:
+        raise ValueError(f"{len(over)} demonstrations exceed max_seq_len={max_seq_len}: {over[:3]}")
+    model.requires_grad_(True)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr
+    )
+    rng = random.Random(cfg.seed)
+    copy_rng = torch.Generator().manual_seed(cfg.seed)
+    lengths = {id(d): len(serializer.student_view(d)) for d in demos}
+    batches: list[list[Trajectory]] = []
+    losses = []
+    model.train()
+    for step in tqdm(range(cfg.steps), desc="sft", unit="step", disable=not progress):
+        if not batches:
+            batches = _length_buckets(list(demos), lengths, cfg.batch_size, rng)
+        batch = batches.pop()
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss = nll(model, serializer, batch)
+        if cfg.copy_batch_size:  # keep the copying circuit while the demonstrations are learnt
+            loss = loss + copy_loss(model, copy_rng, cfg.copy_batch_size, cfg.copy_span, 4 * cfg.copy_span)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
+        optimizer.step()
+        losses.append(loss.item())
+        if on_step is not None:
+            on_step(step, {"nll": losses[-1], "grad_norm": norm, "lr": optimizer.param_groups[0]["lr"]})
+    model.eval()
+    return losses
+
+
+def _length_buckets(
+    items: list[Trajectory], lengths: dict[int, int], batch_size: int, rng: random.Random
+) -> list[list[Trajectory]]:
+    """One epoch of batches with little padding: a seeded permutation, sorted by length within windows of
+    8 batches, cut into batches, the batches shuffled."""
+    rng.shuffle(items)
+    window = 8 * batch_size
+    batches = []
+    for start in range(0, len(items), window):
+        chunk = sorted(items[start : start + window], key=lambda t: lengths[id(t)])
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def demonstration_stats(demos: Sequence[Trajectory]) -> dict[str, Any]:
+    """Counts for logs: demonstrations, per environment and difficulty, turns."""
+    by_env: dict[str, int] = {}
+    by_level: dict[str, int] = {}
+    for d in demos:
+        by_env[d.env_id] = by_env.get(d.env_id, 0) + 1
+        level = str(d.metadata.get("difficulty"))
+        by_level[level] = by_level.get(level, 0) + 1
+    return {"n": len(demos), "by_env": by_env, "by_difficulty": by_level, "turns": sum(d.n_turns for d in demos)}

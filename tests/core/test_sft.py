@@ -1,0 +1,121 @@
+"""The warm start: verified demonstrations of the training split only (and the generator's pool, disjoint from
+every shipped scenario), the validation slice, the study student's tokenizer, the SFT loop and its schedule."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from lopd_core.backbone import load_backbone
+from lopd_core.config import SFTConfig
+from lopd_core.envs.base import VALIDATION, WithValidation
+from lopd_core.envs.envscaler import EnvScalerSuite, load_env_items
+from lopd_core.envs.toolworld import DATA_DIR, ENV_FILE, SPLIT_FILES, load_toolworld
+from lopd_core.envs.toolworld.generate import fingerprint, training_pool
+from lopd_core.serialization import ChatSerializer
+from lopd_core.sft import copy_loss, demonstrations, lr_at, nll, reference_actions, sft
+
+
+@pytest.fixture(scope="module")
+def suite():
+    suite = load_toolworld(prompt="compact")
+    yield suite
+    suite.close()
+
+
+def test_validation_slice_is_stratified_disjoint_and_seeded(suite):
+    a, b = WithValidation(suite, 0.1), WithValidation(suite, 0.1)
+    train, val = a.tasks("train"), a.tasks(VALIDATION)
+    assert {t.task_id for t in val} == {t.task_id for t in b.tasks(VALIDATION)}  # deterministic
+    assert not {t.task_id for t in train} & {t.task_id for t in val}
+    assert len(train) + len(val) == len(suite.tasks("train"))
+    assert all(t.split == VALIDATION for t in val) and all(t.split == "train" for t in train)
+    groups = Counter((t.env_id, t.difficulty) for t in suite.tasks("train"))
+    held = Counter((t.env_id, t.difficulty) for t in val)
+    assert all(held[g] == round(0.1 * n) for g, n in groups.items())  # every (env, level) group gives its share
+    assert a.tasks("eval") == suite.tasks("eval")
+    assert {t.task_id for t in WithValidation(suite, 0.1, seed=1).tasks(VALIDATION)} != {t.task_id for t in val}
+    with pytest.raises(ValueError, match="fraction"):
+        WithValidation(suite, 1.0)
+
+
+def test_demonstrations_replay_reference_solutions_and_refuse_other_splits(suite):
+    split = WithValidation(suite, 0.1)
+    tasks = [t for t in split.tasks("train") if t.difficulty in (1, 3)][:6]
+    demos, dropped = demonstrations(split, tasks)
+    assert not dropped and len(demos) == len(tasks)
+    for demo, task in zip(demos, tasks, strict=True):
+        assert demo.reward == 1.0 and demo.split == "train" and demo.task_id == task.task_id
+        actions = [m.content for m in demo.messages if m.role == "assistant"]
+        assert actions == reference_actions(split.scenario(task.task_id))
+        assert actions[-1] == "Done." and json.loads(actions[0])["tool"]
+        assert [m.role for m in demo.messages[:2]] == ["system", "user"]  # the student's own prompt format
+    with pytest.raises(ValueError, match="training split only"):
+        demonstrations(split, split.tasks("eval")[:1])
+    with pytest.raises(ValueError, match="training split only"):
+        demonstrations(split, split.tasks(VALIDATION)[:1])
+
+
+def test_the_generator_pool_never_holds_a_held_out_task_or_instance():
+    shipped = {split: json.loads((DATA_DIR / name).read_text()) for split, name in SPLIT_FILES.items()}
+    pool = training_pool(6, levels=(1, 2, 3))
+    assert len(pool) == 8 * 3 * 6 and len({p["task_id"] for p in pool}) == len(pool)
+    for split in ("eval", "train"):  # the held-out split, and the training split that holds the validation slice
+        instances = {fingerprint(item) for item in shipped[split]}
+        texts = {(item["env_id"], item["task"]) for item in shipped[split]}
+        assert not instances & {fingerprint(p) for p in pool}
+        assert not texts & {(p["env_id"], p["task"]) for p in pool}
+    assert training_pool(6, levels=(1, 2, 3)) == pool  # seeded
+    replay = EnvScalerSuite(load_env_items(DATA_DIR / ENV_FILE), {"train": pool[:8]}, config=load_toolworld().config)
+    demos, dropped = demonstrations(replay, replay.tasks("train"))
+    assert len(demos) == 8 and not dropped
+    replay.close()
+
+
+def test_study_tokenizer_copies_ids_exactly():
+    _, tok = load_backbone("toolworld-1m")
+    task, call = "Freeze account ACC-9337.", '{"tool": "freeze_account", "account_id": "ACC-9337"}'
+    ids_task, ids_call = tok(task)["input_ids"], tok(call)["input_ids"]
+    piece = tok("ACC-9337", add_special_tokens=False)["input_ids"]
+    assert len(piece) == 6  # ACC, -, and one token per digit
+    assert any(ids_task[i : i + 6] == piece for i in range(len(ids_task)))  # the same tokens in the task ...
+    assert any(ids_call[i : i + 6] == piece for i in range(len(ids_call)))  # ... and inside the call
+    for text in (call, 'Zoë "quoted" 3.50\n\tend'):
+        assert tok.decode(tok(text)["input_ids"]) == text
+
+
+def test_lr_schedule_hand_checked():
+    cfg = SFTConfig(steps=110, lr=1e-3, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_at(0, cfg) == pytest.approx(1e-4) and lr_at(9, cfg) == pytest.approx(1e-3)
+    assert lr_at(10, cfg) == pytest.approx(1e-3)
+    assert lr_at(60, cfg) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))  # half way: cos = 0
+    assert lr_at(110, cfg) == pytest.approx(1e-4)
+
+
+def test_sft_lowers_the_demonstrations_nll_and_nll_matches_a_brute_force(suite):
+    torch.manual_seed(0)
+    model, tok = load_backbone("tiny")
+    demos, _ = demonstrations(suite, [t for t in suite.tasks("train") if t.difficulty == 1][:8])
+    serializer = ChatSerializer(tok)
+    with torch.no_grad():
+        before = nll(model, serializer, demos).item()
+        view = serializer.student_view(demos[0])  # brute force, one record: full logits, float64
+        logits = model(input_ids=torch.tensor([view.input_ids])).logits[0].double()
+        logp = logits.log_softmax(-1)
+        terms = [-logp[t - 1, view.input_ids[t]].item() for t, m in enumerate(view.action_mask) if m]
+        assert nll(model, serializer, demos[:1]).item() == pytest.approx(sum(terms) / len(terms), rel=1e-5)
+    losses = sft(model, tok, demos, SFTConfig(steps=30, batch_size=4, lr=3e-3, warmup_steps=3), progress=False)
+    with torch.no_grad():
+        after = nll(model, serializer, demos).item()
+    assert after < 0.5 * before and losses[-1] < losses[0]
+
+
+def test_copy_pretraining_data_is_a_repeated_span():
+    model, _ = load_backbone("tiny")
+    g = torch.Generator().manual_seed(0)
+    loss = copy_loss(model, g, batch_size=4, span=8, length=32)
+    assert math.isfinite(loss.item()) and loss.item() > 1.0  # an untrained model cannot copy yet
