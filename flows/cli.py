@@ -148,7 +148,7 @@ def run(
 
 @app.command()
 def study(
-    config: Annotated[Path, typer.Argument(help="Study YAML, e.g. configs/study-cpu.yaml (needs sft and budget).")],
+    config: Annotated[Path, typer.Argument(help="Study YAML, e.g. configs/study-cpu.yaml (needs a budget).")],
     overrides: Annotated[
         list[str] | None,
         typer.Option("--set", "-s", help="key=value override with dotted keys, repeatable (as in `lopd run`)."),
@@ -173,8 +173,8 @@ def study(
         cfg = load_config(config, items)
     except (ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
-    if cfg.sft is None or cfg.budget is None:
-        _fail(f"{config}: a study needs a warm start (sft: ...) and an equal generation budget (budget: N)")
+    if cfg.budget is None:
+        _fail(f"{config}: a study compares methods at an equal generation budget: set budget (e.g. -s budget=1600)")
     _prefect_defaults()
     import time
 

@@ -144,7 +144,8 @@ class PipelineConfig(Model):
     backbone: str = Field("smollm2-135m", description='"tiny" | "smollm2-135m" | a local Hugging Face folder.')
     suite: str = Field(
         "toolworld",
-        description="Training suite: toolworld | toolworld-compact | bfcl | envscaler:<env>:<train>[:<eval>].",
+        description="Training suite: toolworld | toolworld-compact | toolworld-minimal | bfcl | "
+        "envscaler:<env>:<train>[:<eval>].",
     )
     methods: list[Method] = Field(default_factory=lambda: ["lopd"], description="Methods of the sweep.")
     seeds: list[int] = Field(default_factory=lambda: [0], description="Training seeds of the sweep.")
@@ -193,9 +194,10 @@ class PipelineConfig(Model):
         clash = set(self.variants) & set(get_args(Method))
         if clash:
             raise ValueError(f"variant names must differ from method names: {sorted(clash)}")
-        unknown_arms = set(self.overrides) - {*self.methods, *self.variants}
+        # Overrides of a method left out of `methods` stay allowed (`-s 'methods=[lopd]'` narrows a study config).
+        unknown_arms = set(self.overrides) - {*get_args(Method), *self.variants}
         if unknown_arms:
-            raise ValueError(f"overrides name arms that are not in methods or variants: {sorted(unknown_arms)}")
+            raise ValueError(f"overrides name arms that are neither methods nor variants: {sorted(unknown_arms)}")
         for arm, method in self.arms():
             _, train = self.arm_config(arm)  # validates every override
             if method == "grpo" and train.schedule.samples_per_task < 2:
@@ -242,6 +244,11 @@ class PipelineConfig(Model):
     def method_config(self, method: str, seed: int) -> LOPDConfig:
         """The method's LOPDConfig for `seed` (with the method's overrides; used for arms named by a method)."""
         return self.arm_config(method)[0].model_copy(update={"method": method, "seed": seed})
+
+    @property
+    def is_study(self) -> bool:
+        """A comparison of methods (a warm start or an equal budget): the report gains the study section."""
+        return self.sft is not None or self.budget is not None
 
     def arms(self) -> list[tuple[str, str]]:
         """(arm name, method) of the sweep: one arm per method, then the variants."""

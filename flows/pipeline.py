@@ -381,7 +381,7 @@ def lopd_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
             title=f"LOPD pipeline: {', '.join(cfg.methods)} x seeds {cfg.seeds}",
             evaluate_run_ids=[o.result.mlflow_run_id for o in evaluated if o.result.mlflow_run_id],
             evaluations=[o.result.artifacts["metrics"] for o in evaluated],
-            episodes=[o.result.artifacts["episodes"] for o in evaluated] if cfg.sft is not None else [],
+            episodes=[o.result.artifacts["episodes"] for o in evaluated] if cfg.is_study else [],
             train_seconds={
                 t.result.mlflow_run_id: t.result.metrics["seconds"]
                 for t in trained

@@ -136,7 +136,7 @@ def _tiny_corpus(seed: int) -> list[str]:
     return lines
 
 
-def _toolworld_corpus() -> list[str]:
+def _toolworld_corpus(corpus: str = "toolworld") -> list[str]:
     """The toolworld training split's texts (never the held-out split): compact system prompts, tasks, reference
     calls in the flat action format, initial states (the ids and names observations are made of)."""
     from lopd_core.envs.envscaler import compact_system_prompt
@@ -144,6 +144,10 @@ def _toolworld_corpus() -> list[str]:
 
     suite = load_toolworld(prompt="compact")
     lines = ["system\nuser\nassistant\ntool\n", "Done.", '{"success": true}', '{"success": false, "error": ""}'] * 20
+    lines += [" ".join(f"{i:02d}" for i in range(100))] * 200  # every digit pair becomes a token
+    if corpus == "toolworld-num":  # every number up to 4 digits (and zero-padded) becomes one token
+        numbers = [str(i) for i in range(10000)] + [f"{i:03d}" for i in range(100)] + [f"{i:04d}" for i in range(1000)]
+        lines += [" ".join(numbers)] * 50
     lines += [compact_system_prompt(item["tools"]) for item in suite.env_items.values()]
     for task in suite.tasks("train"):
         scenario = suite.scenario(task.task_id)
@@ -160,10 +164,13 @@ def _tiny_tokenizer(vocab_size: int, seed: int, corpus: str = "generic") -> PreT
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    if corpus == "toolworld":
-        # Words keep their underscores (tool and argument names) and never carry a leading space, so an id or a
-        # name is the same tokens in the task text and inside a JSON call (copying is exact); digits stand alone.
-        words = Regex(r"[A-Za-z_]+|[0-9]| ?[^\sA-Za-z0-9_]+|\s")
+    if corpus in ("toolworld", "toolworld-num"):
+        # Made for copying ids (ACC-9337) from the task into a call, which a small model learns by induction
+        # (find the earlier occurrence of the current token, continue it): words keep their underscores and never
+        # carry a leading space, so an id or a name is the same tokens in the task and inside JSON; an id's
+        # prefix keeps its dash ("ACC-": one token to find it by); numbers are cut into digit pairs ("93", "37").
+        digits = "[0-9]{1,4}" if corpus == "toolworld-num" else "[0-9]{1,2}"
+        words = Regex(rf"[A-Za-z_]+-|[A-Za-z_]+|{digits}| ?[^\sA-Za-z0-9_]+|\s")
         bpe.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(words, "isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
         )
@@ -176,7 +183,7 @@ def _tiny_tokenizer(vocab_size: int, seed: int, corpus: str = "generic") -> PreT
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(_tiny_corpus(seed) if corpus == "generic" else _toolworld_corpus(), trainer=trainer)
+    bpe.train_from_iterator(_tiny_corpus(seed) if corpus == "generic" else _toolworld_corpus(corpus), trainer=trainer)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         bos_token="<|im_start|>",

@@ -37,8 +37,21 @@ def model_tensors(models: LOPDModels) -> dict[str, torch.Tensor]:
     out.update({f"qformer.{n}": t.detach() for n, t in models.composer.qformer.state_dict().items()})
     out.update({f"anchor_qformer.{n}": t.detach() for n, t in models.composer.anchor_qformer.state_dict().items()})
     if models.student is not models.backbone:
-        out.update({f"student.{n}": t.detach() for n, t in models.student.state_dict().items()})
+        out.update({f"student.{n}": t.detach() for n, t in _untied(models.student.state_dict()).items()})
     return {k: v.contiguous().cpu() for k, v in out.items()}
+
+
+def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` without the second name of a tied tensor (lm_head.weight = embed_tokens.weight): safetensors
+    refuses shared storage, and loading the first name restores both."""
+    seen: set[tuple[int, int]] = set()
+    out = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key not in seen:
+            seen.add(key)
+            out[name] = tensor
+    return out
 
 
 def load_model_tensors(models: LOPDModels, tensors: dict[str, torch.Tensor]) -> None:
@@ -57,7 +70,11 @@ def load_model_tensors(models: LOPDModels, tensors: dict[str, torch.Tensor]) -> 
         module.load_state_dict({k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)})
     if models.student is not models.backbone:
         student = {k.removeprefix("student."): v for k, v in tensors.items() if k.startswith("student.")}
-        models.student.load_state_dict(student)
+        tied = set(models.student.state_dict()) - set(_untied(models.student.state_dict()))
+        missing, unexpected = models.student.load_state_dict(student, strict=False)
+        if unexpected or set(missing) - tied:
+            raise ValueError(f"student weights do not fit: missing {sorted(set(missing) - tied)[:3]}, "
+                             f"unexpected {unexpected[:3]}")  # fmt: skip
 
 
 def rng_state() -> dict[str, Any]:

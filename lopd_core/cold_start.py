@@ -57,7 +57,9 @@ def cold_start(
     retrieved = {}
     for t in records:
         items = retrieve(t.task, t.task_id)[: cfg.n_retrieved]
-        if t.trace and any(t.trace in item for item in items):
+        # Its own entry holds its task and its trace; another task's trace may contain this one's (a longer task
+        # on the same ids), so the trace alone does not identify it.
+        if t.trace and any(t.task in item and t.trace in item for item in items):
             raise ValueError(f"the retriever returned task {t.task_id!r}'s own trajectory: self-retrieval leaks")
         retrieved[t.task_id] = items
     for p in [*models.composer.encoder_parameters(), *models.composer.qformer.parameters()]:

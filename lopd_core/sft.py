@@ -102,7 +102,9 @@ def copy_loss(model: PreTrainedModel, generator: torch.Generator, batch_size: in
     vocab = model.get_input_embeddings().weight.shape[0]
     noise = torch.randint(3, vocab, (batch_size, length), generator=generator)
     repeat = torch.randint(3, vocab, (batch_size, span), generator=generator)
-    seq = torch.cat([noise[:, : length // 2], repeat, noise[:, length // 2 :], repeat], dim=1).to(model.device)
+    # Where the span sits changes every batch, so only content (induction), not a fixed offset, predicts the repeat.
+    cut = int(torch.randint(1, length, (1,), generator=generator))
+    seq = torch.cat([noise[:, :cut], repeat, noise[:, cut:], repeat], dim=1).to(model.device)
     logits = model(input_ids=seq).logits[:, -span - 1 : -1]
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq[:, -span:].reshape(-1))
 

@@ -46,7 +46,7 @@ from lopd_core.envs.tools import normalize_tools, validate_arguments
 from lopd_core.sandbox import Sandbox, SandboxError, SandboxLimits, SandboxResult
 
 ERROR_EVENTS = ("parse_error", "unknown_tool", "bad_args", "tool_error", "extra_calls")
-PROMPT_STYLES = ("full", "compact")
+PROMPT_STYLES = ("full", "compact", "minimal")
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,8 @@ class EnvScalerConfig:
     trace_result_chars: int = 80  # tool results in the compact trace are cut to this length
     include_rules: bool = True  # show the environment's rules in the system prompt
     call_style: str = "flat"  # how the prompt shows tool calls: "flat" {"tool": ...} or "nested" {"name", "arguments"}
-    prompt: str = "full"  # "full": introduction, rules, call templates, examples; "compact": tool signatures only
+    prompt: str = "full"  # "full": introduction, rules, call templates, examples; "compact": tool signatures only;
+    # "minimal": the environment's id only (small students that learn the tools from demonstrations)
     episodes_per_worker: int = 1  # episodes one sandbox worker hosts (>1 only for trusted code; see the docstring)
 
     def __post_init__(self) -> None:
@@ -203,6 +204,8 @@ def system_prompt(
     """The system message: what the environment is, its rules, the tools and the action format."""
     if prompt == "compact":
         return compact_system_prompt(tools)
+    if prompt == "minimal":  # the environment's name only: its tools are learnt from demonstrations
+        return f"Environment: {env_item.get('env_id', '')}"
     parts = [str(env_item.get("environment_introduction") or env_item.get("environment_summary") or "").strip()]
     rules = env_item.get("constraints_rules") or []
     if include_rules and rules:
@@ -389,7 +392,8 @@ class EnvScalerEpisode:
         self._checker = self._checker or self._check_pool.acquire()
         cfg = self.config
         prompt = system_prompt(self.env_item, self.task.tools, cfg.include_rules, cfg.call_style, cfg.prompt)
-        task = self.task.instruction if cfg.prompt == "compact" else f"{self.task.instruction}\n{TASK_SUFFIX}"
+        short = cfg.prompt in ("compact", "minimal")
+        task = self.task.instruction if short else f"{self.task.instruction}\n{TASK_SUFFIX}"
         return [Message("system", prompt), Message("user", task)]
 
     def step(self, action: str) -> StepResult:

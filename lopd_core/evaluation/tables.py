@@ -24,6 +24,7 @@ BFCL_SUBSETS = ("base", "miss_func", "miss_param", "long_context")
 LABELS = {
     "toolworld": "Built-in (toolworld)",
     "toolworld-compact": "Built-in (toolworld, compact prompts)",
+    "toolworld-minimal": "Built-in (toolworld, minimal prompts)",
     "envscaler": "EnvScaler",
     "bfcl": "BFCL-v3",
     "acebench": "ACEBench",

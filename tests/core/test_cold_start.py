@@ -45,7 +45,11 @@ def test_cold_start_refuses_self_retrieval_and_empty_input(tiny):
     ser = ChatSerializer(tok)
     successes = make_batch((1.0,))
     successes[0].trace = "ls(/f0) -> a.txt"
+    own = f"Task: {successes[0].task}\nTrace: ls(/f0) -> a.txt"
     with pytest.raises(ValueError, match="own trajectory"):
-        cold_start(models, ser, successes, lambda t, i: ["Task: x\nTrace: ls(/f0) -> a.txt"], CFG, ColdStartConfig())
+        cold_start(models, ser, successes, lambda t, i: [own], CFG, ColdStartConfig())
+    # another task whose trace contains this one's is not its own entry
+    other = "Task: list /f0 and /f1\nTrace: ls(/f0) -> a.txt\nls(/f1) -> b.txt"
+    cold_start(models, ser, successes, lambda t, i: [other], CFG, ColdStartConfig(steps=1))
     with pytest.raises(ValueError, match="successful"):
         cold_start(models, ser, make_batch((0.0,)), retrieve, CFG, ColdStartConfig())

@@ -81,9 +81,9 @@ def test_study_tokenizer_copies_ids_exactly():
     task, call = "Freeze account ACC-9337.", '{"tool": "freeze_account", "account_id": "ACC-9337"}'
     ids_task, ids_call = tok(task)["input_ids"], tok(call)["input_ids"]
     piece = tok("ACC-9337", add_special_tokens=False)["input_ids"]
-    assert len(piece) == 6  # ACC, -, and one token per digit
-    assert any(ids_task[i : i + 6] == piece for i in range(len(ids_task)))  # the same tokens in the task ...
-    assert any(ids_call[i : i + 6] == piece for i in range(len(ids_call)))  # ... and inside the call
+    assert tok.convert_ids_to_tokens(piece) == ["ACC-", "93", "37"]  # the prefix with its dash, digit pairs
+    assert any(ids_task[i : i + 3] == piece for i in range(len(ids_task)))  # the same tokens in the task ...
+    assert any(ids_call[i : i + 3] == piece for i in range(len(ids_call)))  # ... and inside the call
     for text in (call, 'Zoë "quoted" 3.50\n\tend'):
         assert tok.decode(tok(text)["input_ids"]) == text
 

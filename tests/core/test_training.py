@@ -59,13 +59,13 @@ def sampling_rollout(models, tok):
     return rollout
 
 
-def run(tmp, stop_after=None, steps=4):
+def run(tmp, stop_after=None, steps=4, cfg=CFG):
     torch.manual_seed(0)
     random.seed(0)
     model, tok = load_backbone("tiny")
-    models = build_models(model, tok, CFG)
-    strategy, objective = build_method(models, CFG, retrieve=lambda t, i: [f"Task: other than {i}\nTrace: ls -> ok"])
-    step = TrainStep(models, ChatSerializer(tok), strategy, objective, CFG)
+    models = build_models(model, tok, cfg)
+    strategy, objective = build_method(models, cfg, retrieve=lambda t, i: [f"Task: other than {i}\nTrace: ls -> ok"])
+    step = TrainStep(models, ChatSerializer(tok), strategy, objective, cfg)
     schedule = ScheduleConfig(steps=steps, tasks_per_step=2, samples_per_task=2, checkpoint_every=2)
     return train_loop(step, TASKS, sampling_rollout(models, tok), schedule, tmp, stop_after=stop_after)
 
@@ -82,6 +82,16 @@ def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path):
     assert resumed["steps_done"] == 4
     assert strip(resumed["history"]) == strip(full["history"])
     assert full["generations"] == 16 and [r["beta"] for r in full["history"]][-1] >= 0
+
+
+def test_full_fine_tuning_with_tied_embeddings_resumes_exactly(tmp_path):
+    # the tiny backbone ties lm_head to the embeddings; safetensors refuses shared storage, so the tied name is
+    # left out of the checkpoint and restored through the other
+    cfg = CFG.model_copy(update={"student_mode": "full"})
+    full = run(tmp_path / "a", steps=2, cfg=cfg)
+    run(tmp_path / "b", stop_after=1, steps=2, cfg=cfg)
+    resumed = run(tmp_path / "b", steps=2, cfg=cfg)
+    assert strip(resumed["history"]) == strip(full["history"])
 
 
 def test_refuses_evaluation_tasks(tmp_path):

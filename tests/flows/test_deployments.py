@@ -22,6 +22,8 @@ TEMPLATE = ROOT / "k8s" / "prefect" / "gpu-job-template.json"
 EXPECTED = {
     "lopd-pipeline/local": "lopd-process",
     "lopd-pipeline/k8s": "lopd-gpu",
+    "lopd-study/local": "lopd-process",
+    "lopd-stage/sft": "lopd-gpu",
     "lopd-stage/collect": "lopd-gpu",
     "lopd-stage/cold-start": "lopd-gpu",
     "lopd-stage/train": "lopd-gpu",
@@ -120,7 +122,7 @@ def test_train_stage_run_renders_to_a_gpu_job(deployments, tmp_path):
         ],
     )
     ctx = stage_context(cfg)
-    assert ctx.remote_stages == ("collect", "cold_start", "train", "evaluate")
+    assert ctx.remote_stages == ("sft", "collect", "cold_start", "train", "evaluate")
     # The server merges the deployment's job variables with the run's (the run's win), as run_deployment sends them.
     values = {**deployments["lopd-stage/train"]["work_pool"]["job_variables"], **ctx.job_variables_for("train")}
     job = render(json.loads(TEMPLATE.read_text()), values)

@@ -21,7 +21,8 @@ DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "toolworld"
 ENV_FILE = "toolworld_env_metadata.json"
 SPLIT_FILES = {"train": "toolworld_train_scenarios.json", "eval": "toolworld_eval_scenarios.json"}
 EPISODES_PER_WORKER = 256  # trusted code: workers are shared by episodes (see the module docstring)
-SUITES = {"toolworld": "full", "toolworld-compact": "compact"}  # suite name -> prompt style
+# suite name -> prompt style (lopd_core.envs.envscaler.PROMPT_STYLES)
+SUITES = {"toolworld": "full", "toolworld-compact": "compact", "toolworld-minimal": "minimal"}
 
 
 def load_toolworld(
