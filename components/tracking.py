@@ -514,7 +514,11 @@ class Tracker:
         adds more params. Unset labels are inherited from the parent run.
         """
         labels = _labels(method, seed, backbone, benchmark, bank_snapshot_id, prefect_flow_run_id, prefect_flow_run_url)
-        return self._start(name or stage, "stage", stage, parent_run_id, config, params, {**labels, **(tags or {})})
+        if name is None:  # "lopd s1 · train": a compare view tells a sweep's runs apart
+            who = (tags or {}).get("lopd.arm") or method
+            name = " ".join([*([who] if who else []), *([f"s{seed}"] if seed is not None else [])])
+            name = f"{name} · {stage}" if name else stage
+        return self._start(name, "stage", stage, parent_run_id, config, params, {**labels, **(tags or {})})
 
     def _start(
         self,

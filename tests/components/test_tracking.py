@@ -565,3 +565,16 @@ def test_a_database_outage_is_retried_then_surfaced(mlflow_server, suite, monkey
     again.log_metrics({"margin": 0.7}, step=1)  # the server recovers with the database
     again.end()
     assert run.history(["margin"])["margin"] == [(0, 0.5), (1, 0.7)]
+
+
+def test_stage_runs_are_named_by_arm_seed_and_stage(store, suite):
+    tracker = store.open(suite)
+    with tracker.start_stage("train", method="grpo", seed=1) as a:
+        pass
+    with tracker.start_stage("evaluate", method="lopd", seed=0, tags={"lopd.arm": "lopd m=0"}) as b:
+        pass
+    with tracker.start_stage("bank") as c:
+        pass
+    client = MlflowClient(store.uri)
+    names = [client.get_run(r.run_id).info.run_name for r in (a, b, c)]
+    assert names == ["grpo s1 · train", "lopd m=0 s0 · evaluate", "bank"]

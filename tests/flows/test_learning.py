@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = ROOT / "configs" / "study-cpu.yaml"
 BUDGET = 800  # student generations per arm (the study's is 1,600)
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.learning]
 
 
 def study_warm_start(tmp: Path) -> Path:
