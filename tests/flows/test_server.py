@@ -161,7 +161,9 @@ def test_deploy_run_pipeline_and_retrain_on_bank_growth(server, tmp_path):
     timings["deploy_s"] = round(time.monotonic() - t0, 1)
     deployments = httpx.post(f"{server['api']}/deployments/filter", json={}, timeout=30).json()
     names = {d["name"] for d in deployments}
-    assert {"local", "k8s", "collect", "cold-start", "train", "evaluate"} <= names and len(deployments) == 9
+    assert {"local", "k8s", "sft", "collect", "cold-start", "train", "evaluate"} <= names and len(deployments) == 11
+    study = next(d for d in deployments if d["entrypoint"].endswith(":lopd_study"))
+    assert "config" in study["parameter_openapi_schema"]["properties"]  # the typed form
     pool = httpx.get(f"{server['api']}/work_pools/lopd-gpu", timeout=30).json()
     assert pool["type"] == "kubernetes"
     assert "nvidia.com/gpu" in json.dumps(pool["base_job_template"]["job_configuration"])
