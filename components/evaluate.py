@@ -241,10 +241,12 @@ def _policy_model(spec: EvaluateSpec, store: ArtifactStore) -> Iterator[_Loaded]
     from lopd_core.backbone import load_backbone
     from lopd_core.checkpoint import load_student
 
-    source = str(_resolve(spec.warm_start, store, "warm start")[0]) if spec.warm_start is not None else spec.backbone
+    warm = _resolve(spec.warm_start, store, "warm start") if spec.warm_start is not None else None
+    source = str(warm[0]) if warm is not None else spec.backbone
     if spec.checkpoint is None:
         model, tok = load_backbone(source)
-        label = spec.backbone if spec.warm_start is None else f"{spec.backbone}+sft"
+        # as components.common.backbone_label names it in the other stages' runs
+        label = spec.backbone if warm is None else f"{spec.backbone}+sft" + (f":{warm[1][:12]}" if warm[1] else "")
         yield _Loaded(model, tok, None, {"kind": "base", "backbone": label})
         return
     path, digest = _resolve(spec.checkpoint, store, "checkpoint")

@@ -70,7 +70,8 @@ class TinySpec:
 
 # Backbones built from scratch here (random weights, a tokenizer trained on a fixed corpus): `tiny` for tests, and
 # `toolworld-1m`, the study testbed's student (~1M parameters; a BPE fit on the toolworld training split's texts,
-# one token per digit so ids copy digit by digit). Neither knows anything until the sft stage warm-starts it.
+# digit pairs and `ACC-`-style id prefixes as tokens, so an id is the same tokens in a task and in a call). Neither
+# knows anything until the sft stage warm-starts it.
 SCRATCH: dict[str, TinySpec] = {
     "tiny": TinySpec(),
     "toolworld-1m": TinySpec(

@@ -70,7 +70,8 @@ def load_model_tensors(models: LOPDModels, tensors: dict[str, torch.Tensor]) -> 
         module.load_state_dict({k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)})
     if models.student is not models.backbone:
         student = {k.removeprefix("student."): v for k, v in tensors.items() if k.startswith("student.")}
-        tied = set(models.student.state_dict()) - set(_untied(models.student.state_dict()))
+        current = models.student.state_dict()
+        tied = set(current) - set(_untied(current))
         missing, unexpected = models.student.load_state_dict(student, strict=False)
         if unexpected or set(missing) - tied:
             raise ValueError(f"student weights do not fit: missing {sorted(set(missing) - tied)[:3]}, "
