@@ -47,7 +47,7 @@ class QFormerBlock(nn.Module):
     def forward(self, x: torch.Tensor, states: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         q = self.norm_q(x)
         kv = torch.cat([q, self.norm_kv(states)], dim=1)  # keys/values = [queries; encoder states]
-        kv_pad = torch.cat([torch.zeros_like(pad[:, : x.shape[1]]), pad], dim=1)
+        kv_pad = torch.cat([pad.new_zeros(pad.shape[0], x.shape[1]), pad], dim=1)  # queries are never padding
         x = x + self.attn(q, kv, kv, key_padding_mask=kv_pad, need_weights=False)[0]
         return x + self.ff(self.norm_ff(x))
 

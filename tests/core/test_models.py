@@ -162,3 +162,21 @@ def test_full_finetuning_keeps_a_frozen_teacher(tiny):
     assert not any(p.requires_grad for n, p in models.backbone.named_parameters() if "lora_" not in n)
     w_s, w_t = models.head_weights()
     assert w_s.requires_grad and not w_t.requires_grad
+
+
+@pytest.mark.parametrize("length", [1, 5, 20, 32, 64])
+def test_qformer_handles_encoder_sequences_shorter_and_longer_than_k(length):
+    """K = 32 queries over L encoder states (a short task text, or an empty bank's one-line placeholder, gives
+    L < K). Padding must act exactly like absent states: the padded batch equals each row run on its own."""
+    from lopd_core.composer import QFormer
+
+    torch.manual_seed(0)
+    d, k = 16, 32
+    qformer = QFormer(d, n_heads=2, n_queries=k, n_layers=2).double()
+    states = torch.randn(2, length + 3, d, dtype=torch.float64)
+    mask = torch.ones(2, length + 3, dtype=torch.long)
+    mask[0, length:] = 0  # row 0 has `length` real states, row 1 has length + 3
+    out = qformer(states, mask)
+    assert out.shape == (2, k, d) and torch.isfinite(out).all()
+    alone = qformer(states[:1, :length], torch.ones(1, length, dtype=torch.long))
+    torch.testing.assert_close(out[:1], alone, rtol=1e-10, atol=1e-10)
