@@ -9,6 +9,7 @@ checkpoint_every` steps. Re-running the same spec resumes from the last checkpoi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -113,13 +114,16 @@ def train(spec: TrainSpec) -> StageResult:
         composer_dir = store.get(spec.composer)
         load_model_tensors(models, load_file(str(composer_dir / "weights.safetensors")))
         models.composer.anchor_cache.load(composer_dir / "latent_cache.safetensors")
-    bank_cm = open_snapshot(spec, spec.bank_snapshot, f"train/{run_name}") if spec.bank_snapshot else None
+    bank = None  # LOPD's experience memory, locked while this run reads it and released however the run ends
+    bank_scope = contextlib.ExitStack()
+    if spec.bank_snapshot is not None:
+        bank = bank_scope.enter_context(open_snapshot(spec, spec.bank_snapshot, f"train/{run_name}"))
     label = backbone_label(spec.backbone, spec.warm_start)
     labels = {"method": cfg.method, "seed": cfg.seed, "backbone": label,
               "bank_snapshot_id": spec.bank_snapshot.sha256[:16] if spec.bank_snapshot else None}  # fmt: skip
     t0 = time.time()
-    with start_tracking(spec, "train", spec.suite, spec, resume_run_id=resume_id, **labels) as run:
-        retrieve = bank_cm.retriever(k=cfg.n_retrieved) if bank_cm is not None else None
+    with bank_scope, start_tracking(spec, "train", spec.suite, spec, resume_run_id=resume_id, **labels) as run:
+        retrieve = bank.retriever(k=cfg.n_retrieved) if bank is not None else None
         strategy, objective = build_method(
             models, cfg, retrieve=retrieve,
             solutions=lambda task_id: solutions.get(task_id, (None, ""))[0],
@@ -151,8 +155,6 @@ def train(spec: TrainSpec) -> StageResult:
         metrics.update(steps=float(out["steps_done"]), generations_total=float(out["generations"]),
                        seconds=time.time() - t0, solutions_from_reference=float(n_reference))  # fmt: skip
         (spec.stage_dir("train") / f"{run_name}.history.json").write_text(json.dumps(out["history"]))
-    if bank_cm is not None:
-        bank_cm.close()
     text = (f"{cfg.method} seed {cfg.seed}: {out['steps_done']} steps, {out['generations']} generations, "
             f"final reward {metrics.get('reward_mean', float('nan')):.3f}")  # fmt: skip
     return StageResult(stage="train", artifacts={"checkpoint": final}, metrics=metrics, mlflow_run_id=run.run_id,

@@ -65,7 +65,6 @@ class LoraSpec(StrictModel):
 class BaselineConfig(StrictModel):
     """Knobs of the baselines (lopd_core.methods); LOPD ignores them."""
 
-    group_size: int = Field(8, ge=1)  # G rollouts per task (GRPO's group; SDPO's siblings)
     clip_eps: float = Field(0.2, gt=0)  # GRPO's clipped ratio (PPO)
     kl_coef: float = Field(0.0, ge=0)  # GRPO's k3 KL to the reference policy (DeepSeekMath used 0.04)
     ppo_epochs: int = Field(1, ge=1)  # GRPO updates per batch (the clip is active from the second)
@@ -78,7 +77,7 @@ class ScheduleConfig(StrictModel):
 
     steps: int = Field(100, ge=1)
     tasks_per_step: int = Field(32, ge=1)
-    samples_per_task: int = Field(1, ge=1)  # rollouts per task per step (GRPO: baseline.group_size)
+    samples_per_task: int = Field(1, ge=1)  # rollouts per task per step: GRPO's group G, SDPO's siblings
     checkpoint_every: int = Field(10, ge=1)
 
 
@@ -120,8 +119,6 @@ class SFTConfig(StrictModel):
     copy_span: int = Field(16, ge=1)  # tokens repeated in a copying sequence
     seed: int = 0
 
-
-METHODS = ("lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo")
 
 
 class LOPDConfig(StrictModel):

@@ -9,7 +9,6 @@ checks that both agree in values and gradients.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def topm_bucket_logprobs(logits: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
@@ -113,11 +112,3 @@ def lagrangian(
 def dual_step(beta: float, margin: float, target: float, lr: float) -> float:
     """Projected dual ascent on beta (eq. 13): beta <- max(0, beta + eta * (m - Delta))."""
     return max(0.0, float(beta) + lr * (target - float(margin)))
-
-
-def shift_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Causal-LM logits [B, T, V] (position t predicts t+1) -> aligned logits where [b, t] scores token t.
-
-    Position 0 has no predictor and gets uniform logits; give it mask 0.
-    """
-    return F.pad(logits[:, :-1], (0, 0, 1, 0))

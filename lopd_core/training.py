@@ -88,8 +88,6 @@ def train_loop(
         step.objective.load_state_dict(state["objective"])
         sampler.load_state_dict(state["sampler"])
         generations, history = state["generations"], state["history"]
-        if hasattr(step.strategy, "load_extra"):
-            step.strategy.load_extra(state.get("strategy", {}))
 
     start = step.step_index
     end = schedule.steps if stop_after is None else min(schedule.steps, start + stop_after)

@@ -78,3 +78,22 @@ def test_stage_cli_help_and_spec_errors():
     bad = subprocess.run([sys.executable, "-m", "components.collect", "n_tasks=0", "--print-spec"],
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "n_tasks" in bad.stderr
+
+
+def test_a_failed_train_run_releases_the_bank_lock(chain, monkeypatch):
+    """The train stage's bank is locked while it runs; a run that fails must not leave it locked."""
+    import components.train as train_module
+    from components.memory import LOCK_FILE, ExperienceBank
+
+    def broken_loop(*args, **kwargs):
+        raise RuntimeError("rollout worker died")
+
+    monkeypatch.setattr(train_module, "train_loop", broken_loop)
+    spec = chain["spec"]
+    with pytest.raises(RuntimeError, match="rollout worker died") as failed:
+        train(spec.model_copy(update={"resume": True, "schedule": spec.schedule.model_copy(update={"steps": 9})}))
+    assert failed.traceback  # the failed call's frames (and anything they still reference) are alive here
+    locks = sorted(spec.stage_dir("train").glob(f"**/{LOCK_FILE}"))
+    assert locks, "the train stage restored no bank"
+    for lock in locks:
+        ExperienceBank._lock_dir(lock.parent).close()  # raises "in use by another process" if still held

@@ -202,9 +202,3 @@ def test_dual_step_and_lagrangian_hand_checked():
     assert L.dual_step(1.0, margin=0.05, target=0.05, lr=0.5) == 1.0
     out = L.lagrangian(torch.tensor(0.3), torch.tensor(0.01), torch.tensor(2.0), beta=0.5, target=0.05, lam=0.2)
     assert out.item() == pytest.approx(0.3 + 0.5 * 0.04 + 0.2 * 2.0)
-
-
-def test_shift_logits_aligns_with_tokens():
-    logits = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 4)
-    aligned = L.shift_logits(logits)
-    assert torch.equal(aligned[:, 1:], logits[:, :-1]) and torch.equal(aligned[:, 0], torch.zeros(2, 4))
