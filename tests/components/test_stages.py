@@ -70,6 +70,11 @@ def test_train_logs_curves_and_resumes_in_the_same_run(chain):
 def test_lopd_train_needs_bank_and_composer(chain):
     with pytest.raises(ValueError, match="needs bank_snapshot"):
         TrainSpec(dataset=chain["collect"].artifacts["dataset"])
+    for method in ("grpo", "sdpo"):  # both need a group of rollouts per task
+        with pytest.raises(ValueError, match=f"'{method}' needs schedule.samples_per_task >= 2"):
+            TrainSpec(dataset=chain["collect"].artifacts["dataset"], lopd={"method": method},
+                      schedule={"samples_per_task": 1})  # fmt: skip
+    TrainSpec(dataset=chain["collect"].artifacts["dataset"], lopd={"method": "sdpo"}, schedule={"samples_per_task": 2})
 
 
 def test_stage_cli_help_and_spec_errors():
