@@ -136,13 +136,17 @@ class LOPDConfig(StrictModel):
     # ---- objective (eq. 9-13)
     top_m: int = Field(20, ge=1)  # M
     kl_support: Literal["teacher", "student"] = "teacher"  # whose top-M ids form the support S
+    tail_floor: float | None = Field(None, lt=0)  # None: exact tail (eq. 9); -1e-7: the reference code's clamp
     margin_target: float = 0.05  # m
     anchor_weight: float = Field(0.2, ge=0)  # lambda
     anchor_reduction: Literal["sum", "mean"] = "sum"  # sum = paper's squared L2; mean = reference code
     freeze_composer: bool = False  # keep the cold-start composer fixed (fig. 3's "frozen composer" ablation)
     dual_lr: float = Field(0.5, ge=0)  # eta_beta
     beta_init: float = Field(0.0, ge=0)  # beta_0
-    loss_normalization: Literal["token", "record"] = "token"  # token-weighted (eq. 12) or per-record mean
+    # token: every term token-weighted over the batch (eq. 10, 12); record: the mean over records of per-record
+    # means; reference: as bingreeky/LOPD's code, the student side token-weighted and the composer side (KL and
+    # Delta as the composer sees them) per-record means. The dual step always uses eq. 12's token-weighted Delta.
+    loss_normalization: Literal["token", "record", "reference"] = "token"
     # ---- optimisation: one AdamW step over two parameter groups (Algorithm 1)
     student_lr: float = Field(1e-5, gt=0)  # ours: the paper does not state it
     composer_lr: float = Field(1e-5, gt=0)  # lr_phi

@@ -47,13 +47,14 @@ def _chunk(
     w_t: torch.Tensor,
     top_m: int,
     support: str,
+    tail_floor: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     logits_s = _at_least_fp32(h_s @ w_s.T)
     logits_t = _at_least_fp32(h_t @ w_t.T)
     source = logits_t if support == "teacher" else logits_s
     ids = source.detach().topk(min(top_m, source.shape[-1]), dim=-1).indices
-    buckets_t = topm_bucket_logprobs(logits_t, ids)
-    kl = bucket_kl(topm_bucket_logprobs(logits_s, ids), buckets_t)
+    buckets_t = topm_bucket_logprobs(logits_t, ids, tail_floor)
+    kl = bucket_kl(topm_bucket_logprobs(logits_s, ids, tail_floor), buckets_t)
     teacher_logp = logits_t.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits_t, -1)
     student_logp = logits_s.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits_s, -1)
     with torch.no_grad():
@@ -70,6 +71,7 @@ def distill_head(
     top_m: int = 20,
     support: str = "teacher",
     chunk_size: int = 1024,
+    tail_floor: float | None = None,
 ) -> HeadOutputs:
     """Per-token KL, log pT(a), log pS(a) and top-M mass for N aligned positions.
 
@@ -80,7 +82,7 @@ def distill_head(
         raise ValueError(f"support must be 'teacher' or 'student', got {support!r}")
     if h_student.shape != h_teacher.shape or h_student.shape[0] != targets.shape[0]:
         raise ValueError(f"shape mismatch: {tuple(h_student.shape)}, {tuple(h_teacher.shape)}, {tuple(targets.shape)}")
-    fn = partial(_chunk, top_m=top_m, support=support)
+    fn = partial(_chunk, top_m=top_m, support=support, tail_floor=tail_floor)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (h_student, h_teacher, w_student, w_teacher))
     parts = []
     for start in range(0, targets.shape[0], chunk_size):

@@ -8,15 +8,21 @@ checks that both agree in values and gradients.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
-def topm_bucket_logprobs(logits: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
+def topm_bucket_logprobs(
+    logits: torch.Tensor, support: torch.Tensor, tail_floor: float | None = None
+) -> torch.Tensor:
     """Log-probabilities of the M+1 buckets (eq. 9): the M support ids, then one tail bucket with the rest.
     (When S covers the whole vocabulary there is no tail and M buckets are returned.)
 
     The tail is `logsumexp(logits outside S) - logsumexp(all logits)`: finite whenever any mass lies outside
     S, with no log of a difference and no clamp. `logits` [..., V], `support` [..., M] -> [..., M+1].
+    `tail_floor` (a log-mass < 0, e.g. -1e-7) reproduces the reference code, which caps the support's log-mass
+    at it, i.e. floors the tail at log(1 - exp(tail_floor)) (about -16.1 nats for -1e-7, no gradient there).
     """
     lse = torch.logsumexp(logits, dim=-1, keepdim=True)
     inside = logits.gather(-1, support) - lse
@@ -24,6 +30,10 @@ def topm_bucket_logprobs(logits: torch.Tensor, support: torch.Tensor) -> torch.T
         return inside
     outside = logits.scatter(-1, support, float("-inf"))
     tail = torch.logsumexp(outside, dim=-1, keepdim=True) - lse
+    if tail_floor is not None:
+        if not tail_floor < 0:
+            raise ValueError(f"tail_floor is a log-mass and must be < 0, got {tail_floor}")
+        tail = tail.clamp_min(math.log(-math.expm1(tail_floor)))
     return torch.cat([inside, tail], dim=-1)
 
 
@@ -46,6 +56,7 @@ def topm_tail_reverse_kl(
     mask: torch.Tensor,
     top_m: int = 20,
     support: str = "teacher",
+    tail_floor: float | None = None,
 ) -> torch.Tensor:
     """Distillation loss (eq. 9-10): reverse KL(p̃S || p̃T) on the top-M support plus a tail bucket.
 
@@ -59,7 +70,9 @@ def topm_tail_reverse_kl(
         raise ValueError(f"top_m must be >= 1, got {top_m}")
     source = teacher_logits if support == "teacher" else student_logits
     ids = source.detach().topk(min(top_m, source.shape[-1]), dim=-1).indices
-    kl = bucket_kl(topm_bucket_logprobs(student_logits, ids), topm_bucket_logprobs(teacher_logits, ids))
+    kl = bucket_kl(
+        topm_bucket_logprobs(student_logits, ids, tail_floor), topm_bucket_logprobs(teacher_logits, ids, tail_floor)
+    )
     return masked_mean(kl, mask)
 
 

@@ -234,17 +234,22 @@ class DistillObjective:
     def __init__(self, cfg: LOPDConfig) -> None:
         self.cfg = cfg
 
-    def terms(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(distill, margin Delta) with the configured normalisation (token-weighted = eq. 10 and 12)."""
+    def terms(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """(distill, margin Delta in the loss, eq. 12's token-weighted Delta for the dual step and the logs).
+
+        The first two follow `loss_normalization` ("token" = eq. 10 and 12); the third is always token-weighted.
+        """
         if head.kl is None or head.teacher_logp is None:
             raise ValueError(f"{type(self).__name__} needs the teacher's side of the loss head")
         norm = self.cfg.loss_normalization
-        distill = batch.reduce(head.kl, norm)
-        return distill, batch.reduce(batch.advantages[batch.rows] * head.privilege, norm)
+        weighted = batch.advantages[batch.rows] * head.privilege
+        margin = batch.reduce(weighted, norm)
+        margin_token = margin.item() if norm != "record" else batch.reduce(weighted.detach(), "token").item()
+        return batch.reduce(head.kl, norm), margin, margin_token
 
     def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        distill, margin = self.terms(head, batch)  # the margin is a diagnostic here
-        return distill, {"distill_kl": distill.item(), "margin": margin.item()}
+        distill, _, margin = self.terms(head, batch)  # the margin is a diagnostic here
+        return distill, {"distill_kl": distill.item(), "margin": margin}
 
     def after_step(self, stats: Mapping[str, float]) -> None:
         pass
@@ -264,13 +269,13 @@ class LOPDObjective(DistillObjective):
         self.beta = cfg.beta_init
 
     def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        distill, margin = self.terms(head, batch)
+        distill, margin, margin_token = self.terms(head, batch)
         t = batch.teacher
         if t.latents is None or t.cold_start_latents is None:
             raise ValueError("LOPDObjective needs latents and cold-start latents from the context strategy")
         anchor = anchor_penalty(t.latents, t.cold_start_latents, self.cfg.anchor_reduction)
         loss = lagrangian(distill, margin, anchor, self.beta, self.cfg.margin_target, self.cfg.anchor_weight)
-        stats = {"distill_kl": distill.item(), "margin": margin.item(), "anchor": anchor.item()}
+        stats = {"distill_kl": distill.item(), "margin": margin_token, "anchor": anchor.item()}
         return loss, {**stats, "beta_loss": self.beta}
 
     def after_step(self, stats: Mapping[str, float]) -> None:

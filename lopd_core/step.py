@@ -63,8 +63,11 @@ class DistillBatch:
         return advantages_from_rewards(self.rewards).to(self.rewards.device)
 
     def reduce(self, values: torch.Tensor, normalization: str) -> torch.Tensor:
-        """Token-weighted mean over the batch (eq. 10, 12), or the mean over records of per-record means."""
-        if normalization == "token":
+        """Token-weighted mean over the batch (eq. 10, 12), or the mean over records of per-record means.
+
+        "reference" reduces like "token": its composer side is per-record through `per_record_gradient`.
+        """
+        if normalization in ("token", "reference"):
             return values.sum() / max(values.numel(), 1)
         per_record = torch.zeros(self.n_records, dtype=values.dtype, device=values.device)
         counts = torch.zeros_like(per_record)
@@ -72,6 +75,21 @@ class DistillBatch:
         counts.index_add_(0, self.rows, torch.ones_like(values))
         has = counts > 0
         return (per_record[has] / counts[has]).mean()
+
+
+def teacher_side(h_teacher: torch.Tensor, rows: torch.Tensor, n_records: int, normalization: str) -> torch.Tensor:
+    """The teacher's hidden states as the loss sees them. For "reference", an identity whose gradient is rescaled
+    per token by N / (B n_b): the token-weighted loss then reaches the teacher side (the composer) as the mean
+    over the B records of per-record token means (N tokens in all), the reference code's split (worker.py:
+    student loss token-weighted, composer loss per record). Other normalisations: unchanged.
+    """
+    if normalization != "reference" or not h_teacher.requires_grad:
+        return h_teacher
+    counts = torch.bincount(rows, minlength=n_records).to(h_teacher.dtype)
+    scale = (rows.numel() / (n_records * counts))[rows].unsqueeze(-1)
+    out = h_teacher.view_as(h_teacher)
+    out.register_hook(lambda grad: grad * scale.to(grad.dtype))
+    return out
 
 
 class TrainStep:
@@ -146,10 +164,10 @@ class TrainStep:
                 with torch.set_grad_enabled(self.strategy.teacher_requires_grad):
                     teacher_inputs = self.strategy.inputs(trajs)
                     h_t = self.models.teacher_hidden(t_batch, teacher_inputs.latents, self.strategy.teacher_adapter)
-                    h_teacher = h_t[rows, t_pos]
+                    h_teacher = teacher_side(h_t[rows, t_pos], rows, len(views), self.cfg.loss_normalization)
                 head = distill_head(
                     h_student, h_teacher, targets, w_student, w_teacher, self.cfg.top_m, self.cfg.kl_support,
-                    self.cfg.head_chunk_size,
+                    self.cfg.head_chunk_size, self.cfg.tail_floor,
                 )  # fmt: skip
             else:
                 head = HeadOutputs(student_logp=token_logprobs(h_student, targets, w_student, self.cfg.head_chunk_size))
@@ -170,6 +188,7 @@ class TrainStep:
                 privilege_mean=head.privilege.mean().item(),
                 teacher_topm_mass=head.teacher_topm_mass.mean().item(),
                 tail_mass=(1.0 - head.teacher_topm_mass).mean().item(),
+                kl_token_max=head.kl.max().item() if head.kl is not None and head.kl.numel() else 0.0,
             )
         if hasattr(self.objective, "beta"):
             metrics["beta"] = float(self.objective.beta)  # after the dual step
