@@ -64,8 +64,10 @@ class TrainSpec(StageSpec):
         if self.lopd.method == "grpo" and self.schedule.samples_per_task < 2:
             raise ValueError("method 'grpo' needs schedule.samples_per_task >= 2 (the group size G)")
         if self.lopd.method == "sdpo" and self.schedule.samples_per_task < 2:
-            raise ValueError("method 'sdpo' needs schedule.samples_per_task >= 2: its teacher reads a successful "
-                             "sibling attempt of the same task from the group (with 1 it would see feedback only)")
+            raise ValueError(
+                "method 'sdpo' needs schedule.samples_per_task >= 2: its teacher reads a successful "
+                "sibling attempt of the same task from the group (with 1 it would see feedback only)"
+            )
         return self
 
 

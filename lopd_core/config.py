@@ -120,7 +120,6 @@ class SFTConfig(StrictModel):
     seed: int = 0
 
 
-
 class LOPDConfig(StrictModel):
     method: Literal["lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo"] = "lopd"
     # ---- composer (§3.2, app. A.1)

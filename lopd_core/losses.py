@@ -13,9 +13,7 @@ import math
 import torch
 
 
-def topm_bucket_logprobs(
-    logits: torch.Tensor, support: torch.Tensor, tail_floor: float | None = None
-) -> torch.Tensor:
+def topm_bucket_logprobs(logits: torch.Tensor, support: torch.Tensor, tail_floor: float | None = None) -> torch.Tensor:
     """Log-probabilities of the M+1 buckets (eq. 9): the M support ids, then one tail bucket with the rest.
     (When S covers the whole vocabulary there is no tail and M buckets are returned.)
 

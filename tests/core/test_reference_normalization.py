@@ -48,7 +48,9 @@ def reference_step(h_s, h_t, w, tokens, c, c0):  # type: ignore[no-untyped-def]
         student_sum = student_sum + _kl_tokens(s_lp.gather(-1, ids), t_lp.detach().gather(-1, ids)).sum()
         kl_i = _kl_tokens(s_lp.detach().gather(-1, ids), t_lp.gather(-1, ids)).sum() / n
         a = 2 * r - 1
-        on_token = t_lp.gather(-1, tokens[sl, None]).squeeze(-1) - s_lp.detach().gather(-1, tokens[sl, None]).squeeze(-1)
+        on_token = t_lp.gather(-1, tokens[sl, None]).squeeze(-1) - s_lp.detach().gather(-1, tokens[sl, None]).squeeze(
+            -1
+        )
         delta_i = a * on_token.mean()
         i = len(composer)
         anchor_i = ((c[i] - c0[i]) ** 2).mean()
