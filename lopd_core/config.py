@@ -150,9 +150,13 @@ class LOPDConfig(StrictModel):
     student_lr: float = Field(1e-5, gt=0)  # ours: the paper does not state it
     composer_lr: float = Field(1e-5, gt=0)  # lr_phi
     weight_decay: float = Field(0.01, ge=0)  # PyTorch's AdamW default, as in the reference code
-    grad_clip_student: float = Field(1.0, gt=0)  # ours
-    grad_clip_lora: float = Field(3.0, gt=0)  # encoder LoRA (reference config)
-    grad_clip_qformer: float = Field(30.0, gt=0)  # QFormer (reference config)
+    # gradient clipping: the paper is silent for training; the reference code clips the student at
+    # training.grad_clip = 1.0 and the composer (QFormer + encoder LoRA) jointly at the same 1.0
+    grad_clip_student: float = Field(1.0, gt=0)
+    composer_clip: Literal["joint", "per_group"] = "joint"
+    grad_clip_composer: float = Field(1.0, gt=0)  # joint: one norm over every composer parameter
+    grad_clip_lora: float = Field(3.0, gt=0)  # per_group: the encoder LoRA (the reference's cold-start value)
+    grad_clip_qformer: float = Field(30.0, gt=0)  # per_group: the QFormer (the reference's cold-start value)
     # ---- sequences and compute
     max_seq_len: int = Field(40_960, ge=64)  # longer views are counted and left out of the loss
     fail_on_overlength: bool = False  # raise instead of skipping over-length sequences

@@ -19,7 +19,7 @@ context are left out of the loss and counted.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -196,17 +196,9 @@ class TrainStep:
 
     def _clip(self) -> dict[str, float]:
         composer = self.models.composer
-        groups = {
-            "student": (self.models.student_parameters(), self.cfg.grad_clip_student),
-            "encoder_lora": (composer.encoder_parameters(), self.cfg.grad_clip_lora),
-            "qformer": (list(composer.qformer.parameters()), self.cfg.grad_clip_qformer),
-        }
-        out = {}
-        for name, (params, limit) in groups.items():
-            with_grad = [p for p in params if p.grad is not None]
-            if with_grad:
-                out[f"grad_norm_{name}"] = torch.nn.utils.clip_grad_norm_(with_grad, limit).item()
-        return out
+        return clip_gradients(
+            self.models.student_parameters(), composer.encoder_parameters(), composer.qformer.parameters(), self.cfg
+        )
 
     def _finish(self, metrics: dict[str, float], t0: float, updated: bool) -> dict[str, float]:
         metrics["updated"] = float(updated)
@@ -215,6 +207,29 @@ class TrainStep:
             self.sink.log(self.step_index, metrics)
         self.step_index += 1
         return metrics
+
+
+def clip_gradients(
+    student: Iterable[torch.nn.Parameter],
+    encoder_lora: Iterable[torch.nn.Parameter],
+    qformer: Iterable[torch.nn.Parameter],
+    cfg: LOPDConfig,
+) -> dict[str, float]:
+    """Clip the student's gradient norm, then the composer's: jointly (`composer_clip: joint`, the reference
+    code's training) or the encoder LoRA and the QFormer each on its own (`per_group`). Returns the norms
+    before clipping, as `grad_norm_<group>`."""
+    if cfg.composer_clip == "joint":
+        groups = {"student": (student, cfg.grad_clip_student),
+                  "composer": ([*encoder_lora, *qformer], cfg.grad_clip_composer)}  # fmt: skip
+    else:
+        groups = {"student": (student, cfg.grad_clip_student), "encoder_lora": (encoder_lora, cfg.grad_clip_lora),
+                  "qformer": (qformer, cfg.grad_clip_qformer)}  # fmt: skip
+    out = {}
+    for name, (params, limit) in groups.items():
+        with_grad = [p for p in params if p.grad is not None]
+        if with_grad:
+            out[f"grad_norm_{name}"] = torch.nn.utils.clip_grad_norm_(with_grad, limit).item()
+    return out
 
 
 def _mean(values: Sequence[float]) -> float:

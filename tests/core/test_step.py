@@ -131,3 +131,29 @@ def test_config_errors_name_the_field(tmp_path):
     cfg = LOPDConfig.from_yaml(good)
     assert cfg.top_m == 5 and cfg.encoder_lora.r == 4 and cfg.margin_target == 0.05
     assert LOPDConfig().n_latents == 96
+
+
+def _with_grad(*values: float) -> torch.nn.Parameter:
+    p = torch.nn.Parameter(torch.zeros(len(values), dtype=torch.float64))
+    p.grad = torch.tensor(values, dtype=torch.float64)
+    return p
+
+
+def test_composer_gradients_are_clipped_jointly_by_default_as_in_the_reference_training():
+    from lopd_core.step import clip_gradients
+
+    # student |g| = 5; encoder LoRA |g| = 3 and QFormer |g| = 4: jointly 5, so both scale by 1/5
+    student, lora, qformer = _with_grad(3.0, 4.0), _with_grad(3.0), _with_grad(0.0, 4.0)
+    norms = clip_gradients([student], [lora], [qformer], LOPDConfig())
+    assert norms == pytest.approx({"grad_norm_student": 5.0, "grad_norm_composer": 5.0})
+    torch.testing.assert_close(student.grad, torch.tensor([0.6, 0.8], dtype=torch.float64), rtol=1e-5, atol=0)
+    torch.testing.assert_close(lora.grad, torch.tensor([0.6], dtype=torch.float64), rtol=1e-5, atol=0)
+    torch.testing.assert_close(qformer.grad, torch.tensor([0.0, 0.8], dtype=torch.float64), rtol=1e-5, atol=0)
+
+    # per group (the reference's cold-start values, 3.0 and 30.0): the LoRA is at its limit, the QFormer untouched
+    lora, qformer = _with_grad(6.0), _with_grad(0.0, 4.0)
+    cfg = LOPDConfig(composer_clip="per_group")
+    norms = clip_gradients([], [lora], [qformer], cfg)
+    assert norms == pytest.approx({"grad_norm_encoder_lora": 6.0, "grad_norm_qformer": 4.0})
+    torch.testing.assert_close(lora.grad, torch.tensor([3.0], dtype=torch.float64), rtol=1e-5, atol=0)
+    torch.testing.assert_close(qformer.grad, torch.tensor([0.0, 4.0], dtype=torch.float64))
