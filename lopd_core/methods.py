@@ -202,10 +202,12 @@ class FeedbackContext(TextContext):
 class SkillContext(TextContext):
     """Skill-SD (arXiv 2604.10674): the teacher reads a skill note distilled from the environment's trajectories.
 
-    The paper summarises completed trajectories into natural-language skills with an LLM and adds an
-    importance-weighted reverse KL; ours builds the note from the bank's successful traces of the same
-    environment (components.skills: workflows and frequent mistakes, no LLM call) and uses the shared top-M
-    reverse KL; the teacher is an EMA of the student ("synchronised with the improving student").
+    The paper summarises completed trajectories into natural-language skills with an LLM, during training,
+    and adds an importance-weighted reverse KL. Ours builds each environment's note once, before training,
+    from the collect stage's successful trajectories (lopd_core.skills: workflows and frequent mistakes, no
+    LLM call); the notes stay fixed while the student trains (a static choice, stated in the README). It uses
+    the shared top-M reverse KL; the teacher is an EMA of the student ("synchronised with the improving
+    student").
     """
 
     def __init__(self, models: LOPDModels, cfg: LOPDConfig, skills: SkillLookup) -> None:
