@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from components.artifacts import ArtifactStore
 from lopd_core.artifacts import ArtifactRef
+from lopd_core.config import apply_overrides
 from lopd_core.envs.base import Suite, WithValidation
 from lopd_core.rollout import RolloutConfig
 
@@ -126,13 +127,6 @@ def backbone_label(backbone: str, warm_start: ArtifactRef | None) -> str:
     return f"{backbone}+sft:{warm_start.sha256[:12]}" if warm_start is not None else backbone
 
 
-def _set(data: dict[str, Any], dotted: str, value: str) -> None:
-    keys = dotted.split(".")
-    for key in keys[:-1]:
-        data = data.setdefault(key, {})
-    data[keys[-1]] = yaml.safe_load(value)
-
-
 def run_stage_cli(spec_cls: type[SpecT], fn: Callable[[SpecT], StageResult], argv: list[str] | None = None) -> int:
     """`python -m components.<stage> [--spec FILE] [key=value ...] [--out FILE] [--print-spec]`."""
     doc = (sys.modules[fn.__module__].__doc__ or "").strip()
@@ -153,11 +147,10 @@ def run_stage_cli(spec_cls: type[SpecT], fn: Callable[[SpecT], StageResult], arg
         if not path.exists():
             parser.error(f"spec file {path} does not exist")
         data = yaml.safe_load(path.read_text()) or {}
-    for item in args.overrides:
-        if "=" not in item:
-            parser.error(f"override {item!r} is not key=value")
-        key, value = item.split("=", 1)
-        _set(data, key, value)
+    try:
+        apply_overrides(data, args.overrides)
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         spec = spec_cls.model_validate(data)
     except ValidationError as exc:

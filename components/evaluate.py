@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from components.artifacts import ArtifactStore
 from lopd_core.artifacts import ArtifactRef, sha256_json, sha256_path
+from lopd_core.config import apply_overrides
 from lopd_core.conversation import Trajectory
 from lopd_core.envs.base import Suite, Task, WithValidation
 from lopd_core.evaluation.code import CodeExecConfig, CodeSuite
@@ -532,31 +533,6 @@ def _track(
 # --------------------------------------------------------------------------------------------------- CLI
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """`a.b=value` pairs as a nested dict; values are YAML (numbers, booleans, lists, null, strings)."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"override {pair!r} is not key=value")
-        value = yaml.safe_load(raw) if raw.strip() else None
-        node = out
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"override {pair!r}: {part} is not a mapping")
-        node[parts[-1]] = value
-    return out
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 def load_spec(path: str | Path | None = None, overrides: list[str] | None = None) -> EvaluateSpec:
     """A spec from a YAML/JSON file (optional) plus key=value overrides; errors name the file or the field."""
     data: dict[str, Any] = {}
@@ -568,7 +544,7 @@ def load_spec(path: str | Path | None = None, overrides: list[str] | None = None
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: expected a mapping of field: value")
         data = loaded
-    data = _merge(data, parse_overrides(overrides or []))
+    apply_overrides(data, overrides or [])
     try:
         return EvaluateSpec.model_validate(data)
     except ValidationError as exc:

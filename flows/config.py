@@ -19,7 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from components.common import RolloutSpec
 from components.evaluate import BenchmarkSpec, DecodingSpec, RolloutLimits
-from lopd_core.config import ColdStartConfig, LOPDConfig, ScheduleConfig, SFTConfig
+from lopd_core.config import (  # apply_overrides/set_dotted: re-exported for flows
+    ColdStartConfig,
+    LOPDConfig,
+    ScheduleConfig,
+    SFTConfig,
+    apply_overrides,
+    set_dotted,
+)
 
 Method = Literal["lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo"]
 RemoteStage = Literal["sft", "collect", "cold_start", "train", "evaluate"]
@@ -284,28 +291,6 @@ class PipelineConfig(Model):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json", exclude_defaults=False), sort_keys=False)
-
-
-def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    """`data["a"]["b"] = value` for `dotted="a.b"` (creating the mappings on the way)."""
-    keys = dotted.split(".")
-    node = data
-    for key in keys[:-1]:
-        child = node.get(key)
-        if not isinstance(child, dict):
-            child = node[key] = {}
-        node = child
-    node[keys[-1]] = value
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """`key.path=value` overrides (YAML values: numbers, booleans, lists, null, strings) onto a mapping."""
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"override {item!r} is not key=value (e.g. train.schedule.steps=3)")
-        set_dotted(data, key.strip(), yaml.safe_load(raw) if raw.strip() else None)
-    return data
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:

