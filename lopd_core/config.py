@@ -168,6 +168,9 @@ class LOPDConfig(StrictModel):
     freeze_composer: bool = False  # keep the cold-start composer fixed (fig. 3's "frozen composer" ablation)
     dual_lr: float = Field(0.5, ge=0)  # eta_beta
     beta_init: float = Field(0.0, ge=0)  # beta_0
+    # the A in Delta: "verdict" A = 2r - 1 (§3.3); "centered" subtracts the batch mean of A (ours, an option):
+    # with mostly failures a teacher that is uniformly worse than the student satisfies the verdict margin
+    margin_advantage: Literal["verdict", "centered"] = "verdict"
     # token: every term token-weighted over the batch (eq. 10, 12); record: the mean over records of per-record
     # means; reference: as bingreeky/LOPD's code, the student side token-weighted and the composer side (KL and
     # Delta as the composer sees them) per-record means. The dual step always uses eq. 12's token-weighted Delta.

@@ -244,7 +244,10 @@ class DistillObjective:
         if head.kl is None or head.teacher_logp is None:
             raise ValueError(f"{type(self).__name__} needs the teacher's side of the loss head")
         norm = self.cfg.loss_normalization
-        weighted = batch.advantages[batch.rows] * head.privilege
+        adv = batch.advantages
+        if self.cfg.margin_advantage == "centered":
+            adv = adv - adv.mean()  # a uniform shift of the teacher's log-probs then leaves Delta at 0
+        weighted = adv[batch.rows] * head.privilege
         margin = batch.reduce(weighted, norm)
         margin_token = margin.item() if norm != "record" else batch.reduce(weighted.detach(), "token").item()
         return batch.reduce(head.kl, norm), margin, margin_token

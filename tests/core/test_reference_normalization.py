@@ -136,3 +136,19 @@ def test_tail_floor_is_the_reference_clamp():
     torch.testing.assert_close(floored[1], exact[1])  # an unpeaked row is untouched
     with pytest.raises(ValueError, match="tail_floor"):
         topm_bucket_logprobs(logits, support, tail_floor=0.5)
+
+
+def test_a_uniformly_worse_teacher_meets_the_verdict_margin_but_not_the_centered_one():
+    """Three failures and one success (A = -1, -1, -1, +1), one token each, delta = -0.5 on every token: the verdict
+    margin is mean(A delta) = (0.5 * 3 - 0.5) / 4 = +0.25; centred (A - mean A = -0.5, -0.5, -0.5, +1.5) it is 0."""
+    rows = torch.arange(4)
+    rewards = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64)
+    student = torch.tensor([-1.0, -2.0, -0.5, -1.5], dtype=torch.float64)
+    from lopd_core.loss_head import HeadOutputs
+
+    head = HeadOutputs(student_logp=student, kl=torch.zeros(4, dtype=torch.float64), teacher_logp=student - 0.5)
+    batch = DistillBatch(rows, 4, rewards, rows, TeacherInputs())
+    for advantage, expected in (("verdict", 0.25), ("centered", 0.0)):
+        objective = LOPDObjective(LOPDConfig(margin_advantage=advantage))
+        _, margin, margin_token = objective.terms(head, batch)
+        assert margin.item() == pytest.approx(expected, abs=1e-12) and margin_token == pytest.approx(expected, abs=1e-12)
