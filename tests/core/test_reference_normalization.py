@@ -151,4 +151,5 @@ def test_a_uniformly_worse_teacher_meets_the_verdict_margin_but_not_the_centered
     for advantage, expected in (("verdict", 0.25), ("centered", 0.0)):
         objective = LOPDObjective(LOPDConfig(margin_advantage=advantage))
         _, margin, margin_token = objective.terms(head, batch)
-        assert margin.item() == pytest.approx(expected, abs=1e-12) and margin_token == pytest.approx(expected, abs=1e-12)
+        assert margin.item() == pytest.approx(expected, abs=1e-12)
+        assert margin_token == pytest.approx(expected, abs=1e-12)
