@@ -22,13 +22,14 @@ from components.evaluate import BenchmarkSpec, DecodingSpec, RolloutLimits
 from lopd_core.config import (  # apply_overrides/set_dotted: re-exported for flows
     ColdStartConfig,
     LOPDConfig,
+    MethodName,
     ScheduleConfig,
     SFTConfig,
     apply_overrides,
     set_dotted,
 )
 
-Method = Literal["lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo"]
+Method = MethodName
 RemoteStage = Literal["sft", "collect", "cold_start", "train", "evaluate"]
 GPU_STAGES: tuple[str, ...] = ("sft", "collect", "cold_start", "train", "evaluate")
 DEFAULT_DEPLOYMENTS = {

@@ -41,6 +41,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+MethodName = Literal["lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo"]  # registry: lopd_core.methods.METHODS
+
 LLAMA_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -147,7 +149,7 @@ class SFTConfig(StrictModel):
 
 
 class LOPDConfig(StrictModel):
-    method: Literal["lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo"] = "lopd"
+    method: MethodName = "lopd"
     # ---- composer (§3.2, app. A.1)
     n_retrieved: int = Field(3, ge=1)  # J
     n_queries: int = Field(32, ge=1)  # K latent tokens per retrieved experience

@@ -19,11 +19,13 @@ factors (a "teacher" adapter), an approximation of an EMA over merged weights, a
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from lopd_core.adapters import add_lora, copy_adapter
+from lopd_core.batch import DistillBatch, TeacherInputs
 from lopd_core.composer import Composer
 from lopd_core.config import LOPDConfig
 from lopd_core.conversation import Trajectory
@@ -33,19 +35,12 @@ from lopd_core.serialization import TeacherContext
 
 if TYPE_CHECKING:
     from lopd_core.models import LOPDModels
-    from lopd_core.step import DistillBatch
 
 Retriever = Callable[[str, str], list[str]]  # (task text, task id) -> up to J experience texts, never the task's own
 SolutionLookup = Callable[[str], str | None]  # task id -> a successful trajectory of that task, as text
 SkillLookup = Callable[[str], str | None]  # env id -> a skill note for that environment
 
 PRIVILEGED_HEADER = "Privileged information for this task (you will not see it at test time):\n"
-
-
-class TeacherInputs:
-    def __init__(self, latents: torch.Tensor | None = None, cold_start_latents: torch.Tensor | None = None) -> None:
-        self.latents = latents  # [B, J*K, d] with gradient to the composer
-        self.cold_start_latents = cold_start_latents  # [B, J*K, d] anchor targets c_phi0
 
 
 # ------------------------------------------------------------------------------------ strategies
@@ -341,6 +336,25 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float = 1
 # ------------------------------------------------------------------------------------ registry
 
 
+@dataclass(frozen=True)
+class Method:
+    """A method = a teacher-context strategy + an objective, and the inputs the strategy needs."""
+
+    strategy: Callable[..., NoContext]  # (models, cfg, inputs) -> strategy
+    objective: type[DistillObjective]
+    needs: tuple[str, ...] = ()  # of: retrieve, solutions, skills
+
+
+METHODS: dict[str, Method] = {  # every method, once (its name is config.MethodName)
+    "lopd": Method(lambda m, c, i: LatentContext(m.composer, i["retrieve"], c), LOPDObjective, ("retrieve",)),
+    "opsd": Method(lambda m, c, i: SolutionContext(m, c, i["solutions"]), DistillObjective, ("solutions",)),
+    "sdft": Method(lambda m, c, i: DemonstrationContext(m, c, i["solutions"]), DistillObjective, ("solutions",)),
+    "sdpo": Method(lambda m, c, i: FeedbackContext(m, c), DistillObjective),
+    "skill_sd": Method(lambda m, c, i: SkillContext(m, c, i["skills"]), DistillObjective, ("skills",)),
+    "grpo": Method(lambda m, c, i: NoContext(), GRPOObjective),
+}
+
+
 def build_method(
     models: LOPDModels,
     cfg: LOPDConfig,
@@ -349,25 +363,11 @@ def build_method(
     skills: SkillLookup | None = None,
 ) -> tuple[NoContext, DistillObjective]:
     """(strategy, objective) for `cfg.method`; names the missing input when a method needs one."""
-
-    def need(value: object, name: str) -> None:
-        if value is None:
+    if cfg.method not in METHODS:
+        raise ValueError(f"unknown method {cfg.method!r} (known: {', '.join(METHODS)})")
+    method = METHODS[cfg.method]
+    inputs = {"retrieve": retrieve, "solutions": solutions, "skills": skills}
+    for name in method.needs:
+        if inputs[name] is None:
             raise ValueError(f"method {cfg.method!r} needs `{name}`")
-
-    if cfg.method == "lopd":
-        need(retrieve, "retrieve")
-        return LatentContext(models.composer, retrieve, cfg), LOPDObjective(cfg)  # type: ignore[arg-type]
-    if cfg.method == "opsd":
-        need(solutions, "solutions")
-        return SolutionContext(models, cfg, solutions), DistillObjective(cfg)  # type: ignore[arg-type]
-    if cfg.method == "sdft":
-        need(solutions, "solutions")
-        return DemonstrationContext(models, cfg, solutions), DistillObjective(cfg)  # type: ignore[arg-type]
-    if cfg.method == "sdpo":
-        return FeedbackContext(models, cfg), DistillObjective(cfg)
-    if cfg.method == "skill_sd":
-        need(skills, "skills")
-        return SkillContext(models, cfg, skills), DistillObjective(cfg)  # type: ignore[arg-type]
-    if cfg.method == "grpo":
-        return NoContext(), GRPOObjective(cfg)
-    raise ValueError(f"unknown method {cfg.method!r}")
+    return method.strategy(models, cfg, inputs), method.objective(cfg)

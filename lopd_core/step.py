@@ -20,61 +20,39 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from lopd_core.batch import DistillBatch, TeacherInputs
 from lopd_core.config import LOPDConfig
 from lopd_core.conversation import Trajectory
 from lopd_core.loss_head import HeadOutputs, distill_head, token_logprobs
-from lopd_core.losses import advantages_from_rewards
 from lopd_core.methods import (  # re-exported: the step's public vocabulary
     DistillObjective,
     LatentContext,
     LOPDObjective,
     NoContext,
     Retriever,
-    TeacherInputs,
     build_method,
 )
 from lopd_core.models import LOPDModels
 from lopd_core.serialization import ChatSerializer, aligned_action_positions
 
-__all__ = ["DistillBatch", "LOPDObjective", "LatentContext", "MetricsSink", "Retriever", "TrainStep", "build_method"]
+__all__ = [
+    "DistillBatch",
+    "LOPDObjective",
+    "LatentContext",
+    "MetricsSink",
+    "Retriever",
+    "TeacherInputs",
+    "TrainStep",
+    "build_method",
+]
 
 
 class MetricsSink(Protocol):
     def log(self, step: int, metrics: Mapping[str, float]) -> None: ...
-
-
-@dataclass
-class DistillBatch:
-    rows: torch.Tensor  # [N] record index of each supervised token
-    n_records: int
-    rewards: torch.Tensor  # [B] r in [0, 1]
-    groups: torch.Tensor  # [B] one id per task (GRPO's groups)
-    teacher: TeacherInputs
-    old_logp: torch.Tensor | None = None  # [N] log-probs of the sampling policy (GRPO's ratio)
-
-    @property
-    def advantages(self) -> torch.Tensor:
-        """A = 2r - 1 (§3.3)."""
-        return advantages_from_rewards(self.rewards).to(self.rewards.device)
-
-    def reduce(self, values: torch.Tensor, normalization: str) -> torch.Tensor:
-        """Token-weighted mean over the batch (eq. 10, 12), or the mean over records of per-record means.
-
-        "reference" reduces like "token": its composer side is per-record through `per_record_gradient`.
-        """
-        if normalization in ("token", "reference"):
-            return values.sum() / max(values.numel(), 1)
-        per_record = torch.zeros(self.n_records, dtype=values.dtype, device=values.device)
-        counts = torch.zeros_like(per_record)
-        per_record = per_record.index_add(0, self.rows, values)
-        counts.index_add_(0, self.rows, torch.ones_like(values))
-        has = counts > 0
-        return (per_record[has] / counts[has]).mean()
 
 
 def teacher_side(h_teacher: torch.Tensor, rows: torch.Tensor, n_records: int, normalization: str) -> torch.Tensor:

@@ -150,3 +150,14 @@ def test_build_method_names_missing_inputs(tiny):
         full = CFG.model_copy(update={"method": "sdft", "student_mode": "full"})
         build_method(build_models(*__import__("lopd_core.backbone").backbone.load_backbone("tiny"), full), full,
                      solutions=lambda t: "x")  # fmt: skip
+
+
+def test_every_method_name_has_one_registry_entry():
+    from typing import get_args
+
+    from lopd_core.config import MethodName
+    from lopd_core.methods import METHODS
+
+    assert list(METHODS) == list(get_args(MethodName))
+    with pytest.raises(ValueError, match="needs `skills`"):
+        build_method(None, LOPDConfig(method="skill_sd"))  # type: ignore[arg-type]
