@@ -29,9 +29,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.toolworld_baseline import sample_tasks
 from lopd_core.backbone import load_backbone
 from lopd_core.envs.toolworld import load_toolworld
-from lopd_core.envs.toolworld.baseline import sample_tasks
 from lopd_core.rollout import Generation, RolloutConfig, RolloutEngine
 
 

@@ -9,7 +9,6 @@ checkpoint (composer + anchor copy + the c_phi0 cache) that the train stage star
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from components.common import (
     run_stage_cli,
     start_tracking,
 )
-from components.memory import ExperienceBank
+from components.memory import open_snapshot
 from lopd_core.artifacts import ArtifactRef
 from lopd_core.checkpoint import save_checkpoint
 from lopd_core.cold_start import cold_start as run_cold_start
@@ -45,13 +44,6 @@ class ColdStartSpec(StageSpec):
     cold: ColdStartConfig = ColdStartConfig()
     success_threshold: float = Field(1.0, ge=0, le=1)
     threads: int = Field(1, ge=1)
-
-
-def open_snapshot(spec: StageSpec, ref: ArtifactRef, name: str) -> ExperienceBank:
-    """Restore a bank snapshot into the stage's own directory (read by this stage only)."""
-    local = dataclasses.replace(ref, uri=str(spec.store().get(ref)))  # downloaded first on a remote store
-    target = spec.stage_dir(name) / "bank"
-    return ExperienceBank.restore(local, str(target), ref.metadata.get("name", "experience"), overwrite=True)
 
 
 def cold_start(spec: ColdStartSpec) -> StageResult:

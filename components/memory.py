@@ -26,6 +26,7 @@ brings it back.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -38,13 +39,16 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
 from components.memory_backends import Backend, ClientBackend, EdgeBackend, SearchSettings, edge_available
 from components.memory_embedders import Embedder, HashingEmbedder, SentenceTransformerEmbedder, make_embedder
 from lopd_core.artifacts import ArtifactRef, sha256_path
+
+if TYPE_CHECKING:
+    from components.common import StageSpec
 from lopd_core.conversation import Message, Trajectory
 
 __all__ = [
@@ -864,3 +868,10 @@ def experiences_from_jsonl(
         exp.metadata["origin"] = f"{origin}:{number}"
         records.append(exp)
     return records, errors, skipped
+
+
+def open_snapshot(spec: StageSpec, ref: ArtifactRef, name: str) -> ExperienceBank:
+    """Restore a bank snapshot into a stage's own directory (read by that stage only; cold-start and train)."""
+    local = dataclasses.replace(ref, uri=str(spec.store().get(ref)))  # downloaded first on a remote store
+    target = spec.stage_dir(name) / "bank"
+    return ExperienceBank.restore(local, str(target), ref.metadata.get("name", "experience"), overwrite=True)

@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 from pydantic import Field, model_validator
 
-from components.cold_start import open_snapshot
 from components.common import (
     RolloutSpec,
     StageResult,
@@ -30,6 +29,7 @@ from components.common import (
     run_stage_cli,
     start_tracking,
 )
+from components.memory import open_snapshot
 from lopd_core import skills
 from lopd_core.artifacts import ArtifactRef
 from lopd_core.checkpoint import load_model_tensors

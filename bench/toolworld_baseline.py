@@ -1,6 +1,6 @@
 """Measure a backbone on the toolworld suite: mean reward and success rate per difficulty level.
 
-    python -m lopd_core.envs.toolworld.baseline --backbone smollm2-135m --split train --per-level 8
+    python bench/toolworld_baseline.py --backbone smollm2-135m --split train --per-level 8
 
 Samples `per-level` tasks per difficulty level (1..5 and 6+) evenly over the environments with a seeded
 shuffle, rolls them out with the batched engine and prints a JSON report (the table in docs/environments.md).
@@ -11,10 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from the repository
 
 from lopd_core.backbone import load_backbone
 from lopd_core.envs.base import Task
