@@ -234,8 +234,9 @@ TRANSIENT_ERROR_CODES = frozenset(
 )
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Worth retrying: connection trouble, an unavailable/locked database, server-side 5xx or rate limits."""
+def retryable_call(exc: BaseException) -> bool:
+    """One MLflow call worth repeating (RetryPolicy): connection trouble, an unavailable/locked database, 5xx or
+    rate limits. Whether a whole stage is worth re-running is `flows.stages.is_transient`."""
     if isinstance(exc, MlflowException):
         return exc.error_code in TRANSIENT_ERROR_CODES
     return isinstance(exc, OSError)  # ConnectionError, TimeoutError, requests' connection errors
@@ -261,7 +262,7 @@ class RetryPolicy:
             try:
                 return fn()
             except Exception as exc:
-                if not is_transient(exc):
+                if not retryable_call(exc):
                     raise
                 if attempt >= self.attempts:
                     raise TrackingError(
