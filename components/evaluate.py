@@ -41,6 +41,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from components.artifacts import ArtifactStore
+from components.common import open_suite
 from lopd_core.artifacts import ArtifactRef, sha256_json, sha256_path
 from lopd_core.config import apply_overrides
 from lopd_core.conversation import Trajectory
@@ -283,9 +284,7 @@ def build_benchmark(bench: BenchmarkSpec, spec: EvaluateSpec) -> tuple[Suite, li
         timeout_s=spec.code.timeout_s, per_case_timeout_s=spec.code.per_case_timeout_s, memory_mb=spec.code.memory_mb
     )
     if bench.name in ("toolworld", "toolworld-compact", "toolworld-minimal"):
-        from lopd_core.envs.toolworld import SUITES, load_toolworld
-
-        suite: Suite = load_toolworld(prompt=SUITES[bench.name])
+        suite: Suite = open_suite(bench.name)  # the one suite opener, as training uses it
     elif bench.name == "envscaler":
         suite = loaders.load_envscaler(bench.env_metadata, bench.path, name=bench.label)
     elif bench.name == "bfcl":
