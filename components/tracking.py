@@ -798,16 +798,11 @@ class TrackedRun:
 
     def log_curves(self, panels: Sequence[Sequence[str]] = DEFAULT_PANELS, artifact_dir: str = "curves") -> list[str]:
         """PNG curves of the run's metrics vs step and vs cumulative generations, logged under `artifact_dir`.
-        The margin panel shows the margin target m as a dashed line when the run has a margin_target param."""
+        The margin panel shows the margin target m as a dashed line (`curve_references`)."""
         series = _load_series(
             self.client, self.run_id, panels, self.tracker.retry, self.tracker.uri, self.name, flush=self.flush
         )
-        run = self._call("reading params", lambda: self.client.get_run(self.run_id))
-        reference = {}
-        try:
-            reference["margin"] = float(run.data.params["margin_target"])
-        except (KeyError, ValueError):
-            pass
+        reference = self.curve_references()
         paths = []
         with tempfile.TemporaryDirectory() as tmp:
             for x in ("step", "generations"):
@@ -816,6 +811,18 @@ class TrackedRun:
                 )
                 paths.append(self.log_file(out, artifact_dir))
         return paths
+
+    def curve_references(self) -> dict[str, float]:
+        """Dashed target lines of the curve panels: {"margin": m} from the run's `lopd.margin_target` param (a
+        train stage's spec) or `margin_target` (an LOPDConfig logged on its own); {} when it has neither."""
+        run = self._call("reading params", lambda: self.client.get_run(self.run_id))
+        params = run.data.params
+        for key in ("lopd.margin_target", "margin_target"):
+            try:
+                return {"margin": float(params[key])}
+            except (KeyError, ValueError):
+                continue
+        return {}
 
     # -- lifecycle
 

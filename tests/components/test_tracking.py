@@ -578,3 +578,18 @@ def test_stage_runs_are_named_by_arm_seed_and_stage(store, suite):
     client = MlflowClient(store.uri)
     names = [client.get_run(r.run_id).info.run_name for r in (a, b, c)]
     assert names == ["grpo s1 · train", "lopd m=0 s0 · evaluate", "bank"]
+
+
+def test_the_margin_target_line_reads_what_a_train_stage_logs(store, suite):
+    """The train stage logs its whole spec, so the margin target is the param `lopd.margin_target`."""
+    from components.train import TrainSpec
+
+    tracker = store.open(suite)
+    ref = {"uri": "/nowhere", "kind": "dataset", "sha256": "0" * 64}
+    spec = TrainSpec(dataset=ref, lopd={"method": "opsd", "margin_target": 0.07})
+    with tracker.start_stage("train", config=spec) as run:
+        assert run.curve_references() == {"margin": 0.07}
+    with tracker.start_stage("train", config=LOPDConfig(margin_target=0.05)) as run:
+        assert run.curve_references() == {"margin": 0.05}
+    with tracker.start_stage("collect", config={"episodes": 4}) as run:
+        assert run.curve_references() == {}
