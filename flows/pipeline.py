@@ -57,6 +57,14 @@ class Outcome:
 # ------------------------------------------------------------------------------------ the pipeline's MLflow run
 
 
+def ui_link(url: str | None) -> str | None:
+    """A Prefect UI link, or None when there is no UI to link to: an in-process run with no PREFECT_UI_URL gets
+    `None/flow-runs/...` from Prefect."""
+    if not url or url.startswith("None/") or "://" not in url:
+        return None
+    return url
+
+
 @task(
     name="open-mlflow-pipeline-run",
     cache_policy=NO_CACHE,
@@ -320,7 +328,7 @@ def lopd_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
     run_dir = cfg.resolved_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / PIPELINE_FILE).write_text(cfg.resolved().to_yaml())
-    flow_run_id, flow_run_url = flow_run.id, flow_run.ui_url
+    flow_run_id, flow_run_url = flow_run.id, ui_link(flow_run.ui_url)
     retry = {"retries": cfg.execution.retries, "retry_delay_seconds": exponential_backoff(cfg.execution.retry_delay_s)}
     pipe = open_pipeline_run.with_options(**retry)(cfg, flow_run_id, flow_run_url)
     close = close_pipeline_run.with_options(**retry)

@@ -133,3 +133,12 @@ def test_transient_errors_are_retried_others_are_not():
     assert not is_transient(FileNotFoundError("no such checkpoint"))
     assert not is_transient(StageRunError("the stage raised", crashed=False))
     assert not is_transient(None)
+
+
+def test_prefect_links_are_written_only_when_there_is_a_ui():
+    from flows.pipeline import ui_link
+
+    assert ui_link("None/flow-runs/flow-run/123") is None  # an in-process run without PREFECT_UI_URL
+    assert ui_link(None) is None and ui_link("") is None
+    url = "http://127.0.0.1:4200/flow-runs/flow-run/123"
+    assert ui_link(url) == url
