@@ -241,7 +241,19 @@ def compare(
 
     if tracking_uri is None and run_dir is None and not os.environ.get("MLFLOW_TRACKING_URI"):
         _fail("give --run-dir or --tracking-uri (or set MLFLOW_TRACKING_URI)")
+    if run_dir is not None and tracking_uri is None and not (Path(run_dir) / "mlflow.db").exists():
+        parent = Path(run_dir).resolve().parent
+        stores = sorted(str(p.parent) for p in parent.glob("*/mlflow.db"))
+        _fail(f"{run_dir} holds no MLflow store (no mlflow.db); run directories in {parent}: "
+              f"{', '.join(stores) if stores else 'none'}")  # fmt: skip
     uri = resolve_tracking_uri(tracking_uri, Path(run_dir).resolve() if run_dir else None)
+    from mlflow.tracking import MlflowClient
+
+    names = sorted(e.name for e in MlflowClient(uri).search_experiments())
+    if experiment not in names:
+        _fail(f"no experiment {experiment!r} in {uri}; it has: {', '.join(names) if names else 'none'}")
+    if out is None and not as_json:
+        typer.echo("(curves: add --out DIR to write report.md, comparison.json and the PNG curves there)", err=True)
     try:
         text, data = compare_runs(
             uri, experiment, pipeline_run_id=pipeline_run, method=method, budget=budget, out_dir=out

@@ -142,3 +142,24 @@ def test_prefect_links_are_written_only_when_there_is_a_ui():
     assert ui_link(None) is None and ui_link("") is None
     url = "http://127.0.0.1:4200/flow-runs/flow-run/123"
     assert ui_link(url) == url
+
+
+def test_compare_names_what_exists_instead_of_creating_stores_or_experiments(tmp_path):
+    from mlflow.tracking import MlflowClient
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    MlflowClient(f"sqlite:///{run / 'mlflow.db'}").create_experiment("lopd")
+    runner = CliRunner()
+    missing = runner.invoke(app, ["compare", "--run-dir", str(tmp_path / "runs" / "r2")])
+    assert missing.exit_code == 2 and "holds no MLflow store" in missing.output and str(run) in missing.output
+    assert not (tmp_path / "runs" / "r2").exists()
+    typo = runner.invoke(app, ["compare", "--run-dir", str(run), "--experiment", "lopdd"])
+    assert typo.exit_code == 2 and "no experiment 'lopdd'" in typo.output and "it has: Default, lopd" in typo.output
+    assert sorted(e.name for e in MlflowClient(f"sqlite:///{run / 'mlflow.db'}").search_experiments()) == [
+        "Default",
+        "lopd",
+    ]
