@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from components.artifacts import ArtifactStore
 from lopd_core.artifacts import ArtifactRef
-from lopd_core.config import apply_overrides
+from lopd_core.config import apply_overrides, explain
 from lopd_core.envs.base import Suite, WithValidation
 from lopd_core.rollout import RolloutConfig
 
@@ -154,7 +154,7 @@ def run_stage_cli(spec_cls: type[SpecT], fn: Callable[[SpecT], StageResult], arg
     try:
         spec = spec_cls.model_validate(data)
     except ValidationError as exc:
-        parser.error(f"invalid {spec_cls.__name__}:\n{exc}")
+        parser.error(f"invalid {spec_cls.__name__}:\n{explain(exc, spec_cls)}")
     if args.print_spec:
         print(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
         return 0

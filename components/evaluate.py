@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from components.artifacts import ArtifactStore
 from components.common import open_suite
 from lopd_core.artifacts import ArtifactRef, sha256_json, sha256_path
-from lopd_core.config import apply_overrides
+from lopd_core.config import apply_overrides, explain
 from lopd_core.conversation import Trajectory
 from lopd_core.envs.base import Suite, Task, WithValidation
 from lopd_core.evaluation.code import CodeExecConfig, CodeSuite
@@ -547,7 +547,9 @@ def load_spec(path: str | Path | None = None, overrides: list[str] | None = None
     try:
         return EvaluateSpec.model_validate(data)
     except ValidationError as exc:
-        raise ValueError(f"invalid evaluation spec{f' ({path})' if path else ''}:\n{exc}") from None
+        raise ValueError(
+            f"invalid evaluation spec{f' ({path})' if path else ''}:\n{explain(exc, EvaluateSpec)}"
+        ) from None
 
 
 def _fields_help(model: type[BaseModel], prefix: str = "") -> list[str]:

@@ -26,6 +26,7 @@ from lopd_core.config import (  # apply_overrides/set_dotted: re-exported for fl
     ScheduleConfig,
     SFTConfig,
     apply_overrides,
+    explain,
     set_dotted,
 )
 
@@ -309,4 +310,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as exc:
-        raise ValueError(f"invalid pipeline config{f' ({path})' if path else ''}:\n{exc}") from None
+        raise ValueError(
+            f"invalid pipeline config{f' ({path})' if path else ''}:\n{explain(exc, PipelineConfig)}"
+        ) from None

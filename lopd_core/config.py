@@ -9,6 +9,7 @@ Where the paper is silent, the value is ours and the field's comment says so.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +43,35 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 MethodName = Literal["lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo"]  # registry: lopd_core.methods.METHODS
+
+
+def explain(exc: ValidationError, model: type[BaseModel]) -> str:
+    """A pydantic error as one line per field (`lopd.top_m: Input should be ...`), without pydantic's URLs, and
+    with "did you mean" for an unknown field that is close to a real one (`train.schedule.stepz` -> steps)."""
+    lines = []
+    for err in exc.errors():
+        loc = [str(part) for part in err["loc"]]
+        line = f"  {'.'.join(loc) or '(root)'}: {err['msg']}"
+        if err["type"] == "extra_forbidden":
+            fields = _fields_at(model, loc[:-1])
+            close = difflib.get_close_matches(loc[-1], fields, n=1, cutoff=0.6)
+            if close:
+                line += f" (did you mean {'.'.join([*loc[:-1], close[0]])!r}?)"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _fields_at(model: type[BaseModel], path: list[str]) -> list[str]:
+    """Field names of the (nested) model at `path`; [] where the path leaves the models."""
+    current: Any = model
+    for part in path:
+        info = getattr(current, "model_fields", {}).get(part)
+        annotation = getattr(info, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        current = annotation
+    return list(getattr(current, "model_fields", {}))
+
 
 LLAMA_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

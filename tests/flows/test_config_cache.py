@@ -163,3 +163,12 @@ def test_compare_names_what_exists_instead_of_creating_stores_or_experiments(tmp
         "Default",
         "lopd",
     ]
+
+
+def test_config_errors_name_the_field_suggest_a_near_miss_and_carry_no_urls():
+    with pytest.raises(ValueError) as err:
+        load_config(ROOT / "configs" / "tiny.yaml", ["train.schedule.stepz=3", "lopd.top_m=abc"])
+    text = str(err.value)
+    assert "train.schedule.stepz: Extra inputs are not permitted (did you mean 'train.schedule.steps'?)" in text
+    assert "lopd.top_m: Input should be a valid integer" in text
+    assert "errors.pydantic.dev" not in text
