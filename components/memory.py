@@ -46,10 +46,10 @@ import numpy as np
 from components.memory_backends import Backend, ClientBackend, EdgeBackend, SearchSettings, edge_available
 from components.memory_embedders import Embedder, HashingEmbedder, SentenceTransformerEmbedder, make_embedder
 from lopd_core.artifacts import ArtifactRef, sha256_path
+from lopd_core.conversation import Message, Trajectory
 
 if TYPE_CHECKING:
     from components.common import StageSpec
-from lopd_core.conversation import Message, Trajectory
 
 __all__ = [
     "AuditReport",

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from components.common import RolloutSpec
 from components.evaluate import BenchmarkSpec, DecodingSpec, RolloutLimits
-from lopd_core.config import (  # apply_overrides/set_dotted: re-exported for flows
+from lopd_core.config import (
     ColdStartConfig,
     LOPDConfig,
     MethodName,

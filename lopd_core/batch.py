@@ -36,7 +36,7 @@ class DistillBatch:
     def reduce(self, values: torch.Tensor, normalization: str) -> torch.Tensor:
         """Token-weighted mean over the batch (eq. 10, 12), or the mean over records of per-record means.
 
-        "reference" reduces like "token": its composer side is per-record through `per_record_gradient`.
+        "reference" reduces like "token": its composer side is made per-record by `lopd_core.step.teacher_side`.
         """
         if normalization in ("token", "reference"):
             return values.sum() / max(values.numel(), 1)

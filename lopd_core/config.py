@@ -92,7 +92,7 @@ class StrictModel(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise ValueError(f"{path}: invalid {cls.__name__}:\n{exc}") from None
+            raise ValueError(f"{path}: invalid {cls.__name__}:\n{explain(exc, cls)}") from None
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -19,7 +19,6 @@ fails the day LOPD starts to pass and the mark must go.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import statistics
 from pathlib import Path
@@ -91,13 +90,11 @@ def task_rewards(source: Path, tasks: list, warm: Path) -> dict[str, float]:  # 
 
 
 def paired_interval(after: dict[str, float], before: dict[str, float]) -> tuple[float, float, float]:
-    """Mean of after - before over tasks, with its 95% t interval."""
-    from lopd_core.evaluation.stats import t_quantile_95
+    """Mean of after - before over tasks, with its 95% t interval (the study's `mean_interval`)."""
+    from lopd_core.evaluation.stats import mean_interval
 
-    diffs = [after[k] - before[k] for k in sorted(before)]
-    mean = statistics.fmean(diffs)
-    half = t_quantile_95(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    return mean, mean - half, mean + half
+    est = mean_interval([after[k] - before[k] for k in sorted(before)], scale=1.0, bounds=(-1.0, 1.0))
+    return est.value, est.lo, est.hi
 
 
 @pytest.fixture(scope="module")
