@@ -30,13 +30,16 @@ import json
 import math
 import re
 import textwrap
+import time
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
 from lopd_core.conversation import Message
 from lopd_core.envs.base import EpisodeResult, StepResult, Task
-from lopd_core.sandbox import Sandbox, SandboxLimits, SandboxResult
+from lopd_core.sandbox import ISOLATIONS, Sandbox, SandboxLimits, SandboxResult
+from lopd_core.sandbox_worker import encode
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TEST_KINDS = ("check", "script", "differential", "stdio", "functional")
@@ -90,6 +93,11 @@ class CodeExecConfig:
     file_size_mb: int = 16
     forbidden_roots: tuple[str, ...] = (str(PROJECT_ROOT),)  # opening or listing anything under these ends the run
     max_code_chars: int = 100_000  # longer replies fail without running
+    sandbox: str = "bwrap"  # "bwrap" (OS namespaces) | "none" (trusted code only); see lopd_core.sandbox
+
+    def __post_init__(self) -> None:
+        if self.sandbox not in ISOLATIONS:
+            raise ValueError(f"CodeExecConfig.sandbox must be one of {ISOLATIONS}, got {self.sandbox!r}")
 
     def limits(self, n_cases: int = 0) -> SandboxLimits:
         timeout = min(self.timeout_s + self.per_case_timeout_s * n_cases, self.max_timeout_s)
@@ -100,6 +108,7 @@ class CodeExecConfig:
             file_size_mb=self.file_size_mb,
             max_processes=1,
             network=False,
+            isolation=self.sandbox,
         )
 
 
@@ -202,52 +211,11 @@ def solution_source(problem: CodeProblem, code: str) -> str:
     return problem.prompt + code
 
 
-_DIFF_HARNESS = """
-def _lopd_run_differential(candidate, inputs_json, expected_blob, atol, oracle):
-    import base64, copy, json, math, pickle
-    inputs = json.loads(inputs_json)
-    expected = pickle.loads(base64.b64decode(expected_blob))
-    def close(out, exp):
-        if isinstance(exp, float) or isinstance(out, float):
-            if not isinstance(out, (int, float)) or isinstance(out, bool) != isinstance(exp, bool):
-                return False
-            if math.isnan(exp):
-                return math.isnan(out)
-            return math.isclose(out, exp, rel_tol=0.0, abs_tol=max(atol, 1e-6))
-        if isinstance(exp, (list, tuple)) and isinstance(out, (list, tuple)):
-            return type(out) is type(exp) and len(out) == len(exp) and all(close(a, b) for a, b in zip(out, exp))
-        if isinstance(exp, dict) and isinstance(out, dict):
-            return out.keys() == exp.keys() and all(close(out[k], exp[k]) for k in exp)
-        return type(out) is type(exp) and out == exp
-    for i, (args, exp) in enumerate(zip(inputs, expected)):
-        out = candidate(*copy.deepcopy(args))
-        if oracle == "set":
-            ok = set(out) == set(exp)
-        elif oracle == "not_none":
-            ok = (out is None) == (exp is None)
-        elif oracle == "poly":
-            xs = args[0]
-            ok = abs(sum(c * out ** p for p, c in enumerate(xs))) <= max(atol, 1e-6)
-        else:
-            ok = close(out, exp)
-        if not ok:
-            raise AssertionError(f"case {i}: wrong output {out!r:.200}")
-    if len(inputs) != len(expected):
-        raise AssertionError("the reference produced a different number of outputs")
-"""
-
-_EXPECTED_HARNESS = """
-def _lopd_expected(inputs_json):
-    import base64, copy, json, pickle
-    fn = globals()[_LOPD_ENTRY]
-    return base64.b64encode(pickle.dumps([fn(*copy.deepcopy(a)) for a in json.loads(inputs_json)])).decode()
-"""
-
+# Trusted helpers that run in the candidate's sandbox and only produce outputs: the comparison with the
+# expected outputs happens in this process, which the candidate cannot reach.
 _IO_HARNESS = """
-def _lopd_run_io(source, cases_json, kind, func_name):
+def _lopd_run_io(source, kind, func_name, inputs):
     import builtins, contextlib, io, json, sys
-    from decimal import Decimal, InvalidOperation
-    cases = json.loads(cases_json)
     code = compile(source, "<solution>", "exec")
     def leave(*args):
         raise SystemExit(*args)
@@ -258,39 +226,18 @@ def _lopd_run_io(source, cases_json, kind, func_name):
                 raise EOFError("EOF when reading a line")
             return line.rstrip("\\n")
         return read_line
-    def same_text(out, exp):
-        a = [line.strip() for line in out.strip().splitlines()]
-        b = [line.strip() for line in exp.strip().splitlines()]
-        if a == b:
-            return True
-        ta, tb = " ".join(a).split(), " ".join(b).split()
-        if len(ta) != len(tb):
-            return False
-        for x, y in zip(ta, tb):
-            if x == y:
-                continue
-            try:
-                if Decimal(x) != Decimal(y):
-                    return False
-            except (InvalidOperation, ValueError):
-                return False
-        return True
+    outputs = []
     if kind == "functional":
         namespace = {"__name__": "__solution__", "exit": leave, "quit": leave}
         exec(code, namespace)
         cls = namespace.get("Solution")
-        for i, case in enumerate(cases):
-            args = [json.loads(line) for line in case["input"].split("\\n") if line.strip()]
+        for text in inputs:
+            args = [json.loads(line) for line in text.split("\\n") if line.strip()]
             target = getattr(cls(), func_name) if cls is not None else namespace[func_name]
-            out = target(*args)
-            exp = json.loads(case["output"])
-            if isinstance(out, tuple):
-                out = list(out)
-            if out != exp and not (isinstance(out, float) and isinstance(exp, (int, float)) and abs(out - exp) < 1e-9):
-                raise AssertionError(f"case {i}: wrong output {out!r:.200}")
-        return
-    for i, case in enumerate(cases):
-        stdin, stdout = io.StringIO(case["input"]), io.StringIO()
+            outputs.append(target(*args))
+        return outputs
+    for i, text in enumerate(inputs):
+        stdin, stdout = io.StringIO(text), io.StringIO()
         namespace = {"__name__": "__main__", "exit": leave, "quit": leave}
         old_stdin, old_input = sys.stdin, builtins.input
         sys.stdin = stdin
@@ -304,35 +251,33 @@ def _lopd_run_io(source, cases_json, kind, func_name):
                         raise AssertionError(f"case {i}: exit status {exc.code!r}") from None
         finally:
             sys.stdin, builtins.input = old_stdin, old_input
-        if not same_text(stdout.getvalue(), case["output"]):
-            raise AssertionError(f"case {i}: wrong output {stdout.getvalue()[:200]!r}")
+        outputs.append(stdout.getvalue())
+    return outputs
 """
 
 
-def build_program(problem: CodeProblem, code: str, config: CodeExecConfig, expected_blob: str | None = None) -> str:
-    """The whole program run in the sandbox: guard, candidate, tests."""
+def candidate_source(problem: CodeProblem, code: str, config: CodeExecConfig) -> str:
+    """What runs in the candidate's sandbox: the guard, then the candidate module (check, script,
+    differential) or the output-producing harness (stdio, functional; the solution runs when it is called)."""
     guard = _guard(config.forbidden_roots)
-    kind = problem.test_kind
-    if kind in ("stdio", "functional"):
-        cases = json.dumps([{"input": c["input"], "output": c["output"]} for c in problem.cases])
-        source = solution_source(problem, code)
-        return guard + _IO_HARNESS + f"\n_lopd_run_io({source!r}, {cases!r}, {kind!r}, {problem.entry_point!r})\n"
-    body = solution_source(problem, code)
-    if kind == "check":
-        return guard + body + "\n\n" + problem.test + f"\n\ncheck({problem.entry_point})\n"
-    if kind == "script":
-        return guard + body + "\n\n" + problem.test + "\n"
-    if expected_blob is None:
-        raise ValueError(f"{problem.task_id}: a differential test needs the reference outputs")
-    inputs = json.dumps(list(problem.inputs))
-    return (
-        guard
-        + body
-        + "\n\n"
-        + _DIFF_HARNESS
-        + f"\n_lopd_run_differential({problem.entry_point}, {inputs!r}, {expected_blob!r}, "
-        + f"{float(problem.atol)!r}, {problem.oracle!r})\n"
-    )
+    if problem.test_kind in ("stdio", "functional"):
+        return guard + _IO_HARNESS
+    return guard + solution_source(problem, code)
+
+
+def grader_source(problem: CodeProblem) -> str:
+    """What runs in the grader's sandbox for "check" and "script" tests: the prompt's definitions (tests use
+    its helpers), then the tests, with the entry point replaced by a proxy calling the candidate's sandbox."""
+    entry = problem.entry_point
+    proxy = f"_lopd_remote({entry!r})"
+    if problem.test_kind == "check":
+        return problem.prompt + "\n\n" + problem.test + f"\n\ncheck({proxy})\n"
+    return problem.prompt + f"\n\n{entry} = {proxy}\n\n" + problem.test + "\n"
+
+
+def build_program(problem: CodeProblem, code: str, config: CodeExecConfig) -> str:
+    """The candidate's program (kept for callers that show it): see `candidate_source`."""
+    return candidate_source(problem, code, config)
 
 
 def describe_failure(result: SandboxResult) -> str:
@@ -344,16 +289,157 @@ def describe_failure(result: SandboxResult) -> str:
     return f"{result.error_type}: {(result.error or '')[:300]}"
 
 
-def reference_outputs(problem: CodeProblem, config: CodeExecConfig) -> tuple[str | None, str]:
-    """Run the canonical solution on the inputs in a sandbox; (base64 pickle of the outputs, or None; error)."""
+# An exception of one of these, raised by the candidate, fails the program whatever the tests do with it.
+_FATAL = {"SystemExit", "KeyboardInterrupt", "GeneratorExit", "MemoryError"}
+
+
+def _close(out: Any, exp: Any, atol: float) -> bool:
+    """EvalPlus' comparison: floats within `atol` (at least 1e-6), containers element-wise, types equal."""
+    if isinstance(exp, float) or isinstance(out, float):
+        if not isinstance(out, (int, float)) or isinstance(out, bool) != isinstance(exp, bool):
+            return False
+        if isinstance(exp, float) and math.isnan(exp):
+            return isinstance(out, float) and math.isnan(out)
+        try:
+            return math.isclose(out, exp, rel_tol=0.0, abs_tol=max(atol, 1e-6))
+        except (TypeError, OverflowError):
+            return False
+    if isinstance(exp, (list, tuple)) and isinstance(out, (list, tuple)):
+        if type(out) is not type(exp) or len(out) != len(exp):
+            return False
+        return all(_close(a, b, atol) for a, b in zip(out, exp, strict=True))
+    if isinstance(exp, dict) and isinstance(out, dict):
+        return out.keys() == exp.keys() and all(_close(out[k], exp[k], atol) for k in exp)
+    return type(out) is type(exp) and out == exp
+
+
+def _differential_ok(problem: CodeProblem, args: list[Any], out: Any, exp: Any) -> bool:
+    if problem.oracle == "set":
+        try:
+            return set(out) == set(exp)
+        except TypeError:
+            return False
+    if problem.oracle == "not_none":
+        return (out is None) == (exp is None)
+    if problem.oracle == "poly":
+        try:
+            x = float(out)
+            return abs(sum(c * x**p for p, c in enumerate(args[0]))) <= max(problem.atol, 1e-6)
+        except (TypeError, ValueError, OverflowError):
+            return False
+    return _close(out, exp, problem.atol)
+
+
+def _same_text(out: str, exp: str) -> bool:
+    """LiveCodeBench stdio: lines compared after stripping; numeric tokens by value."""
+    a = [line.strip() for line in out.strip().splitlines()]
+    b = [line.strip() for line in exp.strip().splitlines()]
+    if a == b:
+        return True
+    ta, tb = " ".join(a).split(), " ".join(b).split()
+    if len(ta) != len(tb):
+        return False
+    for x, y in zip(ta, tb, strict=True):
+        if x == y:
+            continue
+        try:
+            if Decimal(x) != Decimal(y):
+                return False
+        except (InvalidOperation, ValueError):
+            return False
+    return True
+
+
+def _same_value(out: Any, exp: Any) -> bool:
+    """LiveCodeBench functional: JSON values equal (a tuple as a list), a float within 1e-9 of a number."""
+    if isinstance(out, tuple):
+        out = list(out)
+    if out == exp:
+        return True
+    return isinstance(out, float) and isinstance(exp, (int, float)) and abs(out - exp) < 1e-9
+
+
+def run_program(
+    problem: CodeProblem,
+    code: str,
+    config: CodeExecConfig,
+    candidate: Sandbox,
+    grader: Sandbox | None = None,
+    expected: list[Any] | None = None,
+) -> tuple[bool, str]:
+    """Grade `code`; (passed, reason). The candidate runs in `candidate`; the verdict is reached here, or, for
+    "check"/"script" tests, in `grader`, a second sandbox that only gets the candidate's return values as plain
+    data. A candidate that exits, crashes, times out or attempts a forbidden operation fails."""
+    kind = problem.test_kind
+    deadline = time.monotonic() + candidate.limits.timeout_s
+    defined = candidate.exec(candidate_source(problem, code, config), filename="<solution>")
+    if not defined.clean:
+        return False, describe_failure(defined)
+    if kind in ("stdio", "functional"):
+        source = solution_source(problem, code)
+        inputs = [c["input"] for c in problem.cases]
+        ran = candidate.call(
+            "_lopd_run_io", source, kind, problem.entry_point, inputs, codec=True, timeout=_left(deadline)
+        )
+        if not ran.clean:
+            return False, describe_failure(ran)
+        outputs = ran.value if isinstance(ran.value, list) else []
+        if len(outputs) != len(problem.cases):
+            return False, "the harness returned the wrong number of outputs"
+        for i, (out, case) in enumerate(zip(outputs, problem.cases, strict=True)):
+            if kind == "stdio":
+                ok = isinstance(out, str) and _same_text(out, case["output"])
+            else:
+                ok = _same_value(out, json.loads(case["output"]))
+            if not ok:
+                return False, f"case {i}: wrong output {out!r:.200}"
+        return True, ""
+    if kind == "differential":
+        assert expected is not None
+        ran = candidate.map(problem.entry_point, [list(a) for a in problem.inputs], timeout=_left(deadline))
+        if not ran.clean:
+            return False, describe_failure(ran)
+        outputs = ran.value if isinstance(ran.value, list) else []
+        if len(outputs) != len(problem.inputs) or len(expected) != len(problem.inputs):
+            return False, "the reference produced a different number of outputs"
+        for i, (args, out, exp) in enumerate(zip(problem.inputs, outputs, expected, strict=True)):
+            if not _differential_ok(problem, list(args), out, exp):
+                return False, f"case {i}: wrong output {out!r:.200}"
+        return True, ""
+    if grader is None:
+        raise ValueError(f"{problem.task_id}: a {kind!r} test needs a grader sandbox")
+    failures: list[str] = []
+
+    def serve(name: str, args: list[Any]) -> dict[str, Any]:
+        if failures:
+            return {"ok": False, "exc_type": "RuntimeError", "error": "the candidate has already failed"}
+        res = candidate.call(problem.entry_point, *args, codec=True, timeout=_left(deadline))
+        if res.clean:
+            return {"ok": True, "value": encode(res.value)}
+        if res.violations or res.error_type != "exception" or res.exc_type in _FATAL:
+            failures.append(describe_failure(res))
+            return {"ok": False, "exc_type": "RuntimeError", "error": "the candidate failed"}
+        return {"ok": False, "exc_type": res.exc_type, "error": res.error}
+
+    verdict = grader.exec(grader_source(problem), timeout=_left(deadline), filename="<tests>", serve=serve)
+    if failures:
+        return False, failures[0]
+    return (True, "") if verdict.clean else (False, describe_failure(verdict))
+
+
+def _left(deadline: float) -> float:
+    return max(0.05, deadline - time.monotonic())
+
+
+def reference_outputs(problem: CodeProblem, config: CodeExecConfig) -> tuple[list[Any] | None, str]:
+    """Run the canonical solution on the inputs in a sandbox; (its outputs as plain data, or None; error)."""
     source = _guard(config.forbidden_roots) + problem.prompt + "\n" + problem.canonical_solution
-    source += f"\n_LOPD_ENTRY = {problem.entry_point!r}\n" + _EXPECTED_HARNESS
     with Sandbox(config.limits(len(problem.inputs))) as box:
         defined = box.exec(source, filename="<reference>")
         if not defined.clean:
             return None, describe_failure(defined)
-        result = box.call("_lopd_expected", json.dumps(list(problem.inputs)))
-    if not result.clean or not isinstance(result.value, str):
+        result = box.map(problem.entry_point, [list(a) for a in problem.inputs])
+    if not result.clean or not isinstance(result.value, list):
         return None, describe_failure(result)
     return result.value, ""
 
@@ -380,15 +466,24 @@ class CodeEpisode:
         self.problem = problem
         self.config = config
         self._suite = suite
-        self._box: Sandbox | None = None
+        self._box: Sandbox | None = None  # the candidate's sandbox
+        self._grader: Sandbox | None = None  # the tests' sandbox ("check" and "script")
         self._result: EpisodeResult | None = None
         self.code: str | None = None
 
     def initial_messages(self) -> list[Message]:
-        n_cases = len(self.problem.cases) or len(self.problem.inputs)
-        self._box = Sandbox(self.config.limits(n_cases))
-        self._box.spawn()  # comes up while the model writes
+        self._open()  # the workers come up while the model writes
         return code_messages(self.problem)
+
+    def _open(self) -> tuple[Sandbox, Sandbox | None]:
+        if self._box is None:
+            limits = self.config.limits(len(self.problem.cases) or len(self.problem.inputs))
+            self._box = Sandbox(limits)
+            self._box.spawn()
+            if self.problem.test_kind in ("check", "script"):
+                self._grader = Sandbox(limits)
+                self._grader.spawn()
+        return self._box, self._grader
 
     def step(self, action: str) -> StepResult:
         if self._result is not None:
@@ -413,11 +508,8 @@ class CodeEpisode:
             expected, error = self._suite.expected_outputs(self.problem)
             if expected is None:
                 return False, f"the reference solution failed: {error}"
-        program = build_program(self.problem, code, self.config, expected)
-        box = self._box or Sandbox(self.config.limits(len(self.problem.cases) or len(self.problem.inputs)))
-        self._box = box
-        result = box.exec(program, filename="<program>")
-        return (True, "") if result.clean else (False, describe_failure(result))
+        candidate, grader = self._open()
+        return run_program(self.problem, code, self.config, candidate, grader, expected)
 
     def result(self) -> EpisodeResult:
         if self._result is None:  # never answered (e.g. the rollout stopped before the first turn)
@@ -426,9 +518,10 @@ class CodeEpisode:
         return self._result
 
     def close(self) -> None:
-        if self._box is not None:
-            self._box.close()
-            self._box = None
+        for box in (self._box, self._grader):
+            if box is not None:
+                box.close()
+        self._box = self._grader = None
 
 
 class CodeSuite:
@@ -443,7 +536,7 @@ class CodeSuite:
         if len(self.problems) != len(problems):
             raise ValueError(f"{self.name}: duplicate task ids")
         self._tasks = [problem_task(p) for p in problems]
-        self._expected: dict[str, tuple[str | None, str]] = {}
+        self._expected: dict[str, tuple[list[Any] | None, str]] = {}
 
     def tasks(self, split: str = "eval") -> list[Task]:
         return list(self._tasks) if split == "eval" else []
@@ -451,7 +544,7 @@ class CodeSuite:
     def episode(self, task: Task) -> CodeEpisode:
         return CodeEpisode(task, self.problems[task.task_id], self.config, self)
 
-    def expected_outputs(self, problem: CodeProblem) -> tuple[str | None, str]:
+    def expected_outputs(self, problem: CodeProblem) -> tuple[list[Any] | None, str]:
         """The reference outputs of a differential problem (computed once, in a sandbox)."""
         if problem.task_id not in self._expected:
             self._expected[problem.task_id] = reference_outputs(problem, self.config)

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from lopd_core.evaluation.code import CodeExecConfig, CodeProblem, CodeSuite, build_program, extract_code
+from lopd_core.evaluation.code import (
+    CodeExecConfig,
+    CodeProblem,
+    CodeSuite,
+    build_program,
+    extract_code,
+    grader_source,
+)
 from lopd_core.evaluation.harness import ScriptedPolicy, aggregate, run_tasks, select_tasks
 from lopd_core.evaluation.loaders import (
     BenchmarkDataMissing,
@@ -123,13 +130,14 @@ def test_all_164_canonical_solutions_pass(humaneval: CodeSuite) -> None:
 # -- hostile completions -----------------------------------------------------------------------------------------
 
 MARKER = f"/tmp/lopd-eval-hostile-{uuid.uuid4().hex}"
+SHM_MARKER = f"/dev/shm/lopd-eval-hostile-{uuid.uuid4().hex}"
 HEAD = "def has_close_elements(numbers, threshold):\n"
 HOSTILE = {
     "infinite_loop": HEAD + "    while True:\n        pass\n",
     "fork_bomb": "import os\nwhile True:\n    os.fork()\n",
     "huge_allocation": HEAD + "    block = bytearray(10 ** 11)\n    return False\n",
     "list_allocation": "x = [0] * (10 ** 10)\n",
-    "write_outside": f"open({MARKER + '-write'!r}, 'w').write('x')\n",
+    "write_outside": f"open({SHM_MARKER!r}, 'w').write('x')\n",  # (the sandbox's /tmp is its own)
     "write_project": f"open({str(REPO / 'lopd_pwned.txt')!r}, 'w').write('x')\n",
     "read_project": f"print(open({str(REPO / 'pyproject.toml')!r}).read())\n",
     "list_project": f"import os\nprint(os.listdir({str(REPO)!r}))\n",
@@ -156,7 +164,7 @@ def test_hostile_completions_are_contained_and_fail(humaneval: CodeSuite, name: 
     suite = CodeSuite([p], config=CodeExecConfig(timeout_s=3.0))
     record = run_answers(suite, {p.task_id: fenced(code)})[0]
     assert not record.success and not record.failed, record.extra
-    assert not list(Path("/tmp").glob(Path(MARKER).name + "*"))
+    assert not list(Path("/tmp").glob(Path(MARKER).name + "*")) and not Path(SHM_MARKER).exists()
     assert not (REPO / "lopd_pwned.txt").exists()
     assert os.getppid() > 1  # we are still here
 
@@ -294,8 +302,9 @@ def test_acebench_agent_tasks_with_answers() -> None:
     assert first.metadata["ground_truth"][0]["FoodPlatform"]["orders"][0]["user"] == "Eve"
 
 
-def test_program_carries_the_guard_first() -> None:
+def test_program_carries_the_guard_first_and_the_tests_run_apart() -> None:
     test = "def check(c):\n    pass\n"
     p = CodeProblem("T/1", "humaneval", "def f():\n    pass\n", "check", entry_point="f", test=test)
     program = build_program(p, "def f():\n    return 1", CodeExecConfig())
-    assert program.index("addaudithook") < program.index("def f():") < program.index("check(f)")
+    assert program.index("addaudithook") < program.index("def f():") and "check(" not in program
+    assert "check(_lopd_remote('f'))" in grader_source(p)
