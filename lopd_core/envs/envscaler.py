@@ -16,8 +16,9 @@ that raises, returns a non-bool, times out, crashes or tries a forbidden operati
 
 Dataset code never runs in this process: each episode has one sandboxed worker holding the environment
 instance and, at the end, a second fresh worker running the checks (`lopd_core.sandbox`). States travel
-between them as opaque pickles that only the workers unpickle. Parse errors, unknown tools, bad arguments,
-tool exceptions and tool timeouts become observations and are counted.
+between them as plain data (JSON values, `lopd_core.sandbox_worker.encode`): a check reads a copy of the
+state, never an object the environment's code could have rigged (an `__eq__` that always holds, say). Parse
+errors, unknown tools, bad arguments, tool exceptions and tool timeouts become observations and are counted.
 
 Starting a worker costs ~70 ms of CPU (a fresh interpreter that preloads the standard library), twice per
 episode. For a suite whose code is trusted (the built-in toolworld suite: our own classes, checked against
@@ -72,11 +73,11 @@ class EnvScalerConfig:
 
 
 # The worker-side helpers (trusted code executed inside the sandbox). Environment instances live in `_lopd_envs`,
-# one slot per episode. A class is loaded once per worker, as module lopd_env_<digest of its source>: state
-# pickles name that module, and the checker worker unpickles them after loading the same source.
+# one slot per episode. A class is loaded once per worker, as module lopd_env_<digest of its source>. States leave
+# the worker as plain data (`_lopd_plain`: attributes that are not plain data become their `vars()` or repr),
+# so the checks, in their own sandbox, read a JSON copy of the state and never an object the episode touched.
 _ENV_HELPERS = r"""
-import base64 as _b64, copy as _copy, hashlib as _hashlib, json as _json, pickle as _pickle, sys as _sys
-import types as _types
+import copy as _copy, hashlib as _hashlib, json as _json, sys as _sys, types as _types
 
 _lopd_envs = {}
 _lopd_modules = {}
@@ -93,18 +94,27 @@ def _lopd_load(code, class_name):
         raise ValueError(f"class {class_name!r} not found in env_class_code")
     return getattr(module, class_name)
 
+def _lopd_plain(value, depth=0):
+    if depth > 100:
+        return repr(value)
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return value
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_lopd_plain(v, depth + 1) for v in value]
+        kind = list if isinstance(value, list) else tuple if isinstance(value, tuple) else type(value)
+        try:
+            return kind(items) if kind in (list, tuple) else (frozenset if isinstance(value, frozenset) else set)(items)
+        except TypeError:
+            return items
+    if isinstance(value, dict):
+        return {_lopd_plain(k, depth + 1): _lopd_plain(v, depth + 1) for k, v in value.items()}
+    if hasattr(value, "__dict__"):
+        return _lopd_plain(dict(vars(value)), depth + 1)
+    return repr(value)
+
 def _lopd_state(obj):
-    return {k: v for k, v in vars(obj).items() if not (k.startswith("__") and k.endswith("__"))}
-
-def _lopd_dump(state):
-    try:
-        return "pickle:" + _b64.b64encode(_pickle.dumps(_copy.deepcopy(state))).decode()
-    except Exception:
-        return "json:" + _json.dumps(state, default=repr)
-
-def _lopd_undump(blob):
-    kind, data = blob.split(":", 1)
-    return _pickle.loads(_b64.b64decode(data)) if kind == "pickle" else _json.loads(data)
+    state = {k: v for k, v in vars(obj).items() if not (k.startswith("__") and k.endswith("__"))}
+    return _lopd_plain(state)
 
 def _lopd_init(slot, code, class_name, init_config):
     cls = _lopd_load(code, class_name)
@@ -116,12 +126,12 @@ def _lopd_init(slot, code, class_name, init_config):
     for key, value in (init_config or {}).items():
         setattr(env, key, _copy.deepcopy(value))
     _lopd_envs[slot] = env
-    return _lopd_dump(_lopd_state(env))
+    return _lopd_state(env)
 
-def _lopd_restore(slot, code, class_name, blob):
+def _lopd_restore(slot, code, class_name, state):
     cls = _lopd_load(code, class_name)
     env = cls.__new__(cls)
-    for key, value in _lopd_undump(blob).items():
+    for key, value in state.items():
         setattr(env, key, value)
     _lopd_envs[slot] = env
     return True
@@ -136,19 +146,19 @@ def _lopd_call(slot, name, arguments):
         text = _json.dumps(result, ensure_ascii=False)
     except (TypeError, ValueError):
         text = str(result)
-    return {"observation": text, "state": _lopd_dump(_lopd_state(env))}
+    return {"observation": str(text), "state": _lopd_state(env)}
 
 def _lopd_drop(slot):
     _lopd_envs.pop(slot, None)
     return True
 
-def _lopd_check(func_code, init_blob, final_blob):
-    namespace = {"__builtins__": __builtins__, "initial_state": _lopd_undump(init_blob)}
+def _lopd_check(func_code, initial_state, final_state):
+    namespace = {"__builtins__": __builtins__, "initial_state": initial_state}
     exec(compile(func_code, "<check_func>", "exec"), namespace)
     if "check_func" not in namespace:
         return {"result": None, "error": "function 'check_func' not found"}
-    result = namespace["check_func"](_lopd_undump(final_blob))
-    if not isinstance(result, bool):
+    result = namespace["check_func"](final_state)
+    if type(result) is not bool:
         return {"result": None, "error": f"check_func returned {type(result).__name__}, not bool"}
     return {"result": result, "error": None}
 """
@@ -319,8 +329,8 @@ class EnvScalerEpisode:
         self._env: _Host | None = None
         self._env_pid: int | None = None  # the worker process holding this episode's environment instance
         self._checker: _Host | None = None
-        self._init_blob: str | None = None
-        self._state_blob: str | None = None
+        self._init_state: dict[str, Any] | None = None  # plain data (a JSON copy), never a live object
+        self._state: dict[str, Any] | None = None
         self._env_error: str | None = None
         self._trace: list[str] = []
         self._error_counts = {e: 0 for e in ERROR_EVENTS}
@@ -342,14 +352,18 @@ class EnvScalerEpisode:
         if self._env_pid == pid:
             return True
         box, code = self._env.box, self.env_item["env_class_code"]
-        if self._state_blob is None:
-            built = box.call("_lopd_init", self._slot, code, self._class_name, self.scenario.get("init_config") or {})
+        if self._state is None:
+            init_config = self.scenario.get("init_config") or {}
+            built = box.call("_lopd_init", self._slot, code, self._class_name, init_config, codec=True)
             if not built.ok or built.violations:
                 self._env_error = f"environment failed to initialise: {built.error or built.violations}"
                 return False
-            self._init_blob = self._state_blob = built.value
+            if not isinstance(built.value, dict):
+                self._env_error = "environment state is not a mapping"
+                return False
+            self._init_state = self._state = built.value
         else:  # the worker died (timeout/crash): rebuild the instance from the last state snapshot
-            restored = box.call("_lopd_restore", self._slot, code, self._class_name, self._state_blob)
+            restored = box.call("_lopd_restore", self._slot, code, self._class_name, self._state, codec=True)
             if not restored.ok:
                 self._env_error = f"environment could not be restored: {restored.error}"
                 return False
@@ -368,10 +382,12 @@ class EnvScalerEpisode:
         if not self._start_env():
             return f"Error: the environment is unavailable ({self._env_error}).", "tool_error"
         assert self._env is not None
-        result: SandboxResult = self._env.box.call("_lopd_call", self._slot, call.name, arguments)
-        if result.ok and not result.violations:
-            self._state_blob = result.value["state"]
+        result: SandboxResult = self._env.box.call("_lopd_call", self._slot, call.name, arguments, codec=True)
+        if result.ok and not result.violations and _is_step(result.value):
+            self._state = result.value["state"]
             return self._cut(result.value["observation"]), "call"
+        if result.ok and not result.violations:
+            return "Error: the tool call returned a malformed result.", "tool_error"
         if result.ok:  # the tool did something forbidden and then returned normally
             return f"Error: the tool attempted a forbidden operation ({'; '.join(result.violations)}).", "tool_error"
         if result.error_type in ("timeout", "crash", "too_large"):
@@ -452,9 +468,9 @@ class EnvScalerEpisode:
 
     def _run_checks(self) -> list[dict[str, Any]]:
         items = self.scenario.get("checklist_with_func") or []
-        if self._init_blob is None:
+        if self._init_state is None:
             self._start_env()
-        if self._init_blob is None or self._state_blob is None:
+        if self._init_state is None or self._state is None:
             detail = self._env_error or "the environment could not be built"
             return [{"name": _check_name(it, i), "passed": False, "detail": detail} for i, it in enumerate(items)]
         out = []
@@ -472,7 +488,9 @@ class EnvScalerEpisode:
                     {"name": _check_name(it, j), "passed": False, "detail": detail} for j, it in enumerate(items[i:], i)
                 ]
                 break
-            res = host.box.call("_lopd_check", item.get("check_func", ""), self._init_blob, self._state_blob)
+            res = host.box.call("_lopd_check", item.get("check_func", ""), self._init_state, self._state, codec=True)
+            if res.ok and not isinstance(res.value, dict):
+                res = SandboxResult(ok=False, error_type="exception", error="the check returned a malformed result")
             if not res.ok:
                 detail = f"{res.error_type}: {res.error}"
             elif res.violations:
@@ -496,6 +514,13 @@ class EnvScalerEpisode:
 
 
 _SLOTS = itertools.count()
+
+
+def _is_step(value: Any) -> bool:
+    """A tool call's result as the helpers build it (the environment's code could return anything)."""
+    return (
+        isinstance(value, dict) and isinstance(value.get("state"), dict) and isinstance(value.get("observation"), str)
+    )
 
 
 def _short(text: str, n: int) -> str:

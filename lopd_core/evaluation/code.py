@@ -267,12 +267,11 @@ def candidate_source(problem: CodeProblem, code: str, config: CodeExecConfig) ->
 
 def grader_source(problem: CodeProblem) -> str:
     """What runs in the grader's sandbox for "check" and "script" tests: the prompt's definitions (tests use
-    its helpers), then the tests, with the entry point replaced by a proxy calling the candidate's sandbox."""
+    its helpers), then the tests, with the entry point (also by name: some tests call it so) replaced by a
+    proxy calling the candidate's sandbox."""
     entry = problem.entry_point
-    proxy = f"_lopd_remote({entry!r})"
-    if problem.test_kind == "check":
-        return problem.prompt + "\n\n" + problem.test + f"\n\ncheck({proxy})\n"
-    return problem.prompt + f"\n\n{entry} = {proxy}\n\n" + problem.test + "\n"
+    source = problem.prompt + f"\n\n{entry} = _lopd_remote({entry!r})\n\n" + problem.test
+    return source + (f"\n\ncheck({entry})\n" if problem.test_kind == "check" else "\n")
 
 
 def build_program(problem: CodeProblem, code: str, config: CodeExecConfig) -> str:

@@ -120,7 +120,7 @@ def test_envscaler_init_without_constructor_argument_and_initial_state(suite):
 
 
 def test_hostile_tools_are_contained_and_the_episode_continues(suite):
-    marker = Path("/tmp/lopd-envscaler-fixture-escape.txt")
+    marker = Path("/dev/shm/lopd-envscaler-fixture-escape.txt")
     marker.unlink(missing_ok=True)
     episode = suite.episode(suite.task("counter-001"))
     assert episode.step(call("add", amount=1)).event == "call"
@@ -138,7 +138,7 @@ def test_hostile_tools_are_contained_and_the_episode_continues(suite):
 
 
 def test_hostile_check_functions_fail_alone_and_the_run_continues(suite):
-    marker = Path("/tmp/lopd-envscaler-fixture-check.txt")
+    marker = Path("/dev/shm/lopd-envscaler-fixture-check.txt")
     marker.unlink(missing_ok=True)
     episode = suite.episode(suite.task("lib-hostile"))
     episode.step(call("borrow_book", book_id="B-1", member="Ann"))

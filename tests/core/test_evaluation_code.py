@@ -307,4 +307,4 @@ def test_program_carries_the_guard_first_and_the_tests_run_apart() -> None:
     p = CodeProblem("T/1", "humaneval", "def f():\n    pass\n", "check", entry_point="f", test=test)
     program = build_program(p, "def f():\n    return 1", CodeExecConfig())
     assert program.index("addaudithook") < program.index("def f():") and "check(" not in program
-    assert "check(_lopd_remote('f'))" in grader_source(p)
+    assert "f = _lopd_remote('f')" in grader_source(p) and grader_source(p).endswith("check(f)\n")
