@@ -83,6 +83,7 @@ class SandboxLimits:
     max_response_bytes: int = 4 << 20  # a larger response is refused (reported as an error)
     network: bool = False  # True leaves networking alone (never needed by dataset code)
     isolation: str = "bwrap"  # "bwrap": OS namespaces (see the module docstring); "none": trusted code only
+    audit_hook: bool = True  # the in-process second layer (the hostile battery turns it off to test the OS alone)
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATIONS:
@@ -279,6 +280,7 @@ class Sandbox:
         cfg = {
             "workdir": "/tmp" if isolated else self._hostdir,
             "network": lim.network,
+            "audit_hook": lim.audit_hook,
             "preload": list(PRELOAD_MODULES),
             "cpu_s": lim.cpu_s,
             "memory_mb": lim.memory_mb,
