@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-tiny test test-slow test-learning lint format bench clean validate-deploy image
+.PHONY: venv bwrap demo demo-tiny test test-slow test-learning lint format bench clean validate-deploy image
 
 # Create/refresh the virtual environment. torch==2.13.0 goes first so nothing later pulls a CUDA build.
 $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
@@ -16,7 +16,13 @@ $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
 	$(PIP) install --no-deps -r requirements-nodeps.txt
 	touch $(STAMP)
 
-venv: $(STAMP)
+venv: $(STAMP) bwrap
+
+# The code sandbox (lopd_core/sandbox.py) runs untrusted code under bubblewrap; installed here when root.
+bwrap:
+	@command -v bwrap >/dev/null || { test "$$(id -u)" = 0 && { apt-get install -y -q bubblewrap || \
+		{ apt-get update -q && apt-get install -y -q bubblewrap; }; }; } || \
+		{ echo "the sandbox needs bubblewrap: run 'apt-get install -y bubblewrap' as root" >&2; exit 1; }
 
 # The main job: the whole DAG (collect -> bank -> cold-start -> LOPD train -> evaluate -> report) on embedded
 # defaults (Prefect's ephemeral API, embedded Qdrant, MLflow sqlite store) with SmolLM2-135M-Instruct on CPU.

@@ -140,6 +140,9 @@ class CodeSpec(_Spec):
     timeout_s: float = Field(10.0, gt=0, description="Wall clock per program (plus per_case_timeout_s per test).")
     per_case_timeout_s: float = Field(2.0, ge=0)
     memory_mb: int = Field(1024, ge=64, description="Address-space limit of the sandboxed worker.")
+    sandbox: Literal["bwrap", "none"] = Field(
+        "bwrap", description='"bwrap": OS namespaces (needs bubblewrap); "none": no isolation, trusted code only.'
+    )
 
 
 class EvaluateSpec(_Spec):
@@ -281,7 +284,10 @@ def build_benchmark(bench: BenchmarkSpec, spec: EvaluateSpec) -> tuple[Suite, li
     from lopd_core.evaluation import loaders
 
     code_cfg = CodeExecConfig(
-        timeout_s=spec.code.timeout_s, per_case_timeout_s=spec.code.per_case_timeout_s, memory_mb=spec.code.memory_mb
+        timeout_s=spec.code.timeout_s,
+        per_case_timeout_s=spec.code.per_case_timeout_s,
+        memory_mb=spec.code.memory_mb,
+        sandbox=spec.code.sandbox,
     )
     if bench.name in ("toolworld", "toolworld-compact", "toolworld-minimal"):
         suite: Suite = open_suite(bench.name)  # the one suite opener, as training uses it

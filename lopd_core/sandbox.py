@@ -200,12 +200,19 @@ def bwrap_command(limits: SandboxLimits, seccomp_fd: int, info_fd: int) -> list[
             cmd += ["--symlink", os.readlink(link), link]
         elif os.path.isdir(link):
             cmd += ["--ro-bind", link, link]
-    size = str(limits.tmp_size_mb << 20)
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp", "--size", size]
-    cmd += ["--tmpfs", "/dev/shm", "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin"]
+    size = ["--size", str(limits.tmp_size_mb << 20)] if _bwrap_has_size(bwrap) else []
+    cmd += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/tmp", *size, "--tmpfs", "/dev/shm"]
+    cmd += ["--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin"]
     cmd += ["--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONHASHSEED", "0"]
     cmd += ["--seccomp", str(seccomp_fd), "--info-fd", str(info_fd), "--"]
     return cmd
+
+
+@functools.lru_cache(maxsize=4)
+def _bwrap_has_size(bwrap: str) -> bool:
+    """bubblewrap >= 0.8 bounds a tmpfs (`--size`); older ones (Ubuntu 22.04's 0.6) leave it to memory limits."""
+    out = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30, check=False)
+    return "--size" in out.stdout + out.stderr
 
 
 @functools.lru_cache(maxsize=1)
