@@ -99,7 +99,7 @@ def train(spec: TrainSpec) -> StageResult:
     run_name = f"{cfg.method}-seed{cfg.seed}"
     ckpt_dir = spec.stage_dir("train") / run_name
     state_file = ckpt_dir / "last" / "state.json"
-    resume_id = None
+    resume_id, saved = None, None
     if spec.resume and state_file.exists():
         saved = json.loads(state_file.read_text())
         if saved["config"] != cfg.model_dump(mode="json"):
@@ -143,12 +143,16 @@ def train(spec: TrainSpec) -> StageResult:
             return engine.run([suite.episode(t) for t in batch])
 
         def on_checkpoint(path: Path, n: int) -> None:
-            sink.flush()
             run.log_checkpoint(store.put(path, "checkpoint", {"method": cfg.method, "step": n}), n)
 
+        if saved is not None:  # the steps this checkpoint covers, re-sent where the store lacks them
+            for row in saved["history"]:
+                sink.log(int(row["step"]), {k: v for k, v in row.items() if k not in ("step", "generations_total")})
+            sink.flush()
         extra = {"backbone": source, "mlflow_run_id": run.run_id,
                  "bank_snapshot": spec.bank_snapshot.sha256 if spec.bank_snapshot else None}  # fmt: skip
-        out = train_loop(step, tasks, rollout, spec.schedule, ckpt_dir, extra_state=extra, on_checkpoint=on_checkpoint)
+        out = train_loop(step, tasks, rollout, spec.schedule, ckpt_dir, extra_state=extra,
+                         on_checkpoint=on_checkpoint, before_checkpoint=lambda n: sink.flush())  # fmt: skip
         sink.close()
         final = store.put(ckpt_dir / "last", "checkpoint",
                           {"method": cfg.method, "seed": cfg.seed, "step": out["steps_done"], "backbone": label,
