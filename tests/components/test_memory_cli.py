@@ -86,3 +86,23 @@ def test_cli_refuses_evaluation_split_and_missing_bank(tmp_path: Path):
     assert result.exit_code == 2 and "only 'train'-split successes" in result.output
     result = runner.invoke(bank_app, ["stats", "--location", str(tmp_path / "nowhere"), "--name", "b"])
     assert result.exit_code == 2 and "no bank 'b'" in result.output
+
+
+def test_a_record_of_the_wrong_type_is_reported_by_line_and_field(tmp_path: Path):
+    """One `"reward": "1.0"` must not crash the batch: it is reported like the other bad lines."""
+    data = tmp_path / "trajectories.jsonl"
+    lines = [
+        json.dumps(traj("t1", "Water the plants in the garden")),
+        json.dumps({**traj("t2", "Feed the cat"), "reward": "1.0"}),
+        json.dumps({**traj("t3", "Walk the dog"), "split": 3}),
+        json.dumps(traj("t4", "Walk the dog")),
+    ]
+    data.write_text("\n".join(lines) + "\n")
+    bank = ["--location", str(tmp_path / "banks"), "--name", "garden", "--embedder", "hashing-64"]
+    code, report = invoke("ingest", str(data), *bank)
+    assert code == 0, report
+    assert report["added"] == 2 and report["count"] == 2
+    assert report["unreadable"] == [
+        f"{data}:2 (task_id='t2'): Trajectory 't2': field 'reward' must be a number in [0, 1], got str '1.0'",
+        f"{data}:3 (task_id='t3'): Trajectory 't3': field 'split' must be a str, got int 3",
+    ]
