@@ -8,7 +8,9 @@ Prefect UI can render its parameters as a form. Results carry artifact reference
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -25,6 +27,7 @@ from lopd_core.envs.base import Suite, WithValidation
 from lopd_core.rollout import RolloutConfig
 
 SpecT = TypeVar("SpecT", bound="StageSpec")
+logger = logging.getLogger(__name__)
 
 
 class Model(BaseModel):
@@ -82,6 +85,26 @@ def open_suite(name: str, validation_fraction: float = 0.0) -> Suite:
     (`lopd_core.envs.base.WithValidation`): training never sees it; hyperparameters are chosen on it."""
     suite = _open_suite(name)
     return WithValidation(suite, validation_fraction) if validation_fraction > 0 else suite
+
+
+# Every built-in suite with a held-out split: its evaluation task ids never enter a training bank, whatever
+# split a record claims (the toolworld variants share their task ids).
+EVALUATION_SUITES = ("toolworld", "bfcl")
+
+
+@functools.cache
+def held_out_task_ids() -> dict[str, str]:
+    """task_id -> suite, for the evaluation split of every suite in EVALUATION_SUITES."""
+    out: dict[str, str] = {}
+    for name in EVALUATION_SUITES:
+        try:
+            tasks = _open_suite(name).tasks("eval")
+        except ImportError as exc:  # bfcl is installed apart (requirements-nodeps.txt)
+            logger.warning("cannot list the held-out tasks of suite %r (%s): their ids are not checked", name, exc)
+            continue
+        for task in tasks:
+            out.setdefault(task.task_id, name)
+    return out
 
 
 def _open_suite(name: str) -> Suite:

@@ -484,8 +484,12 @@ class ExperienceBank:
 
     def ingest(self, records: Iterable[Experience | Mapping[str, Any]]) -> IngestReport:
         """Validate, dedupe and store records. Bad records are rejected with a message naming them and the
-        rest is stored. Any record with a split other than "train" raises `SplitLeakError` before anything
-        is stored."""
+        rest is stored. Any record with a split other than "train", or the task id of a held-out task of a
+        built-in evaluation suite (`components.common.EVALUATION_SUITES`) whatever its split, raises
+        `SplitLeakError` before anything is stored."""
+        from components.common import held_out_task_ids
+
+        held_out = held_out_task_ids()
         report = IngestReport()
         valid: list[Experience] = []
         leaks: list[str] = []
@@ -503,6 +507,11 @@ class ExperienceBank:
             if isinstance(exp.split, str) and exp.split != TRAIN_SPLIT:
                 leaks.append(f"{exp.task_id!r} (split={exp.split!r})")
                 continue
+            if isinstance(exp.task_id, str) and exp.task_id in held_out:
+                leaks.append(
+                    f"{exp.task_id!r} (split={exp.split!r}, but a held-out task of suite {held_out[exp.task_id]!r})"
+                )
+                continue
             problems = exp.problems()
             if not problems and exp.reward < self.min_reward:
                 problems = [f"reward {exp.reward} is below the bank's success threshold {self.min_reward}"]
@@ -516,6 +525,7 @@ class ExperienceBank:
                 f"only {TRAIN_SPLIT!r}-split successes may enter training bank {self.name!r}; "
                 f"refusing the whole batch because of {len(leaks)} record(s): {', '.join(leaks[:10])}"
                 + (" ..." if len(leaks) > 10 else "")
+                + "; remove them from the input: evaluation tasks never enter a training bank"
             )
         for message in report.rejected:
             logger.warning("bank %s: rejected %s", self.name, message)
