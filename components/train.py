@@ -82,6 +82,19 @@ def _tasks(spec: TrainSpec, suite) -> list:  # type: ignore[no-untyped-def]
     return tasks
 
 
+def _check_bank_size(count: int, cfg: LOPDConfig, snapshot: ArtifactRef) -> None:
+    """LOPD's teacher reads the bank's successes: one too small to fill a retrieval's J slots is an error
+    unless `lopd.min_bank_size` allows it (0: any bank, even an empty one)."""
+    minimum = cfg.n_retrieved if cfg.min_bank_size is None else cfg.min_bank_size
+    if cfg.method == "lopd" and count < minimum:
+        raise ValueError(
+            f"bank snapshot {snapshot.uri} holds {count} entries, fewer than LOPD needs ({minimum}: lopd."
+            f"min_bank_size, by default n_retrieved = J): its teacher would read placeholder items instead of past "
+            f"successes. Fill the bank (collect more successes, or lower the bank stage's success_threshold), or "
+            f"set lopd.min_bank_size={count} to train with it anyway"
+        )
+
+
 def train(spec: TrainSpec) -> StageResult:
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.lopd.seed)
@@ -102,9 +115,9 @@ def train(spec: TrainSpec) -> StageResult:
     resume_id, saved = None, None
     if spec.resume and state_file.exists():
         saved = json.loads(state_file.read_text())
-        if saved["config"] != cfg.model_dump(mode="json"):
-            before = LOPDConfig.model_validate(saved["config"]).flat()
-            diff = sorted(k for k, v in cfg.flat().items() if before.get(k) != v)
+        before = LOPDConfig.model_validate(saved["config"]).flat()  # a setting added since takes its default
+        diff = sorted(k for k, v in cfg.flat().items() if before.get(k) != v)
+        if diff:
             raise ValueError(f"{ckpt_dir} was trained with another method config (differs in {diff}); "
                              "use the same lopd settings to resume, or another run_dir / resume=false")  # fmt: skip
         resume_id = saved.get("mlflow_run_id")
@@ -123,6 +136,11 @@ def train(spec: TrainSpec) -> StageResult:
     bank_scope = contextlib.ExitStack()
     if spec.bank_snapshot is not None:
         bank = bank_scope.enter_context(open_snapshot(spec, spec.bank_snapshot, f"train/{run_name}"))
+        try:
+            _check_bank_size(bank.count(), cfg, spec.bank_snapshot)
+        except ValueError:
+            bank_scope.close()  # the bank's lock is released
+            raise
     label = backbone_label(spec.backbone, spec.warm_start)
     labels = {"method": cfg.method, "seed": cfg.seed, "backbone": label,
               "bank_snapshot_id": spec.bank_snapshot.sha256[:16] if spec.bank_snapshot else None}  # fmt: skip

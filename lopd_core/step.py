@@ -163,6 +163,7 @@ class TrainStep:
         self.strategy.after_step()
 
         metrics.update(stats)
+        metrics.update(self.strategy.metrics())
         metrics.update(loss=loss.item(), n_action_tokens=float(targets.numel()))
         if head.teacher_logp is not None and head.teacher_topm_mass is not None:
             metrics.update(

@@ -117,6 +117,12 @@ def test_a_latent_span_past_max_seq_len_is_skipped_and_counted(tiny):
     )
 
 
+def test_placeholder_experiences_are_counted(tiny):
+    """Two retrieved items for J=3 slots: the composer fills one slot per record with its placeholder item."""
+    out = make_step(tiny)(make_batch())
+    assert CFG.n_retrieved == 3 and out["n_placeholder_experiences"] == 3.0 and out["n_no_context"] == 0.0
+
+
 def test_all_failed_batch_takes_no_step(tiny):
     step = make_step(tiny)
     batch = make_batch()
