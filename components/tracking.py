@@ -290,12 +290,12 @@ def _half_built(path: Path) -> str | None:
     try:
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not tables & {"alembic_version", "experiments"}:
+                return None  # empty, or not MLflow's: MLflow's own error says so
             leftovers = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
             if leftovers:
                 return f"an interrupted schema migration left the table {leftovers[0]}"
-            if tables and (
-                "alembic_version" not in tables or not db.execute("SELECT * FROM alembic_version").fetchall()
-            ):
+            if "alembic_version" not in tables or not db.execute("SELECT * FROM alembic_version").fetchall():
                 return "it has tables but records no schema version (alembic_version)"
     except sqlite3.Error:
         return None
