@@ -775,7 +775,7 @@ class TrackedRun:
 
     def metrics_sink(self, flush_every: int = 10, flush_seconds: float = 30.0) -> MlflowMetricsSink:
         """The run's `MetricsSink` (one per run): buffered, sent with log_batch every `flush_every` steps or
-        `flush_seconds`, whichever comes first, and on flush()/end(). Flush when saving a checkpoint."""
+        `flush_seconds`, whichever comes first, and on flush()/end(). Flush before writing a checkpoint."""
         if self._sink is None:
             self._sink = MlflowMetricsSink(self, self._cum_by_step, flush_every, flush_seconds, self._logged)
         return self._sink
