@@ -177,14 +177,16 @@ def test_held_out_tasks_of_every_evaluation_suite_are_refused_by_id_whatever_the
         exp("b", "task b"),
         exp("tw-eval-bank-d1-001", "a toolworld held-out task", split="train"),
         exp("multi_turn_base_0", "a BFCL task", split="train"),
+        exp("HumanEval/0", "a HumanEval problem", split="train"),
     ]
     with pytest.raises(SplitLeakError) as info:
         bank.add(offered)
     assert str(info.value) == (
         f"only 'train'-split successes may enter training bank {bank.name!r}; refusing the whole batch because of "
-        "2 record(s): 'tw-eval-bank-d1-001' (split='train', but a held-out task of suite 'toolworld'), "
-        "'multi_turn_base_0' (split='train', but a held-out task of suite 'bfcl'); remove them from the input: "
-        "evaluation tasks never enter a training bank"
+        "3 record(s): 'tw-eval-bank-d1-001' (split='train', but a held-out task of suite 'toolworld'), "
+        "'multi_turn_base_0' (split='train', but a held-out task of suite 'bfcl'), 'HumanEval/0' (split='train', "
+        "but a held-out task of suite 'humaneval'); remove them from the input: evaluation tasks never enter a "
+        "training bank"
     )
     assert bank.count() == 1  # the whole batch was refused
 
