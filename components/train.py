@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,8 @@ from lopd_core.rollout import RolloutEngine
 from lopd_core.serialization import ChatSerializer
 from lopd_core.step import TrainStep, build_method
 from lopd_core.training import train_loop
+
+logger = logging.getLogger(__name__)
 
 
 class TrainSpec(StageSpec):
@@ -92,6 +95,15 @@ def _check_bank_size(count: int, cfg: LOPDConfig, snapshot: ArtifactRef) -> None
             f"min_bank_size, by default n_retrieved = J): its teacher would read placeholder items instead of past "
             f"successes. Fill the bank (collect more successes, or lower the bank stage's success_threshold), or "
             f"set lopd.min_bank_size={count} to train with it anyway"
+        )
+    if cfg.method == "lopd" and count < cfg.n_retrieved:
+        logger.warning(
+            "bank snapshot %s holds %d entries, fewer than n_retrieved=%d (allowed by lopd.min_bank_size=%d): "
+            "LOPD's teacher reads placeholder items for the missing ones (n_placeholder_experiences)",
+            snapshot.uri,
+            count,
+            cfg.n_retrieved,
+            minimum,
         )
 
 

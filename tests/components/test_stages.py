@@ -104,7 +104,7 @@ def test_a_failed_train_run_releases_the_bank_lock(chain, monkeypatch):
         ExperienceBank._lock_dir(lock.parent).close()  # raises "in use by another process" if still held
 
 
-def test_lopd_refuses_an_empty_bank_unless_allowed(chain, tmp_path):
+def test_lopd_refuses_an_empty_bank_unless_allowed(chain, tmp_path, caplog):
     """An empty bank is an error naming the snapshot and the fix; allowed, the placeholders are a metric."""
     from components.memory import ExperienceBank
 
@@ -123,7 +123,12 @@ def test_lopd_refuses_an_empty_bank_unless_allowed(chain, tmp_path):
         "train with it anyway"
     )
     allowed = other.model_copy(update={"lopd": other.lopd.model_copy(update={"min_bank_size": 0})})
-    result = train(allowed)
+    with caplog.at_level("WARNING", logger="components.train"):
+        result = train(allowed)
+    assert (
+        f"bank snapshot {ref.uri} holds 0 entries, fewer than n_retrieved=3 (allowed by lopd.min_bank_size=0): "
+        "LOPD's teacher reads placeholder items for the missing ones (n_placeholder_experiences)"
+    ) in caplog.messages
     records = result.metrics["n_records"]
     assert records > 0 and result.metrics["n_placeholder_experiences"] == 3 * records  # J slots, all placeholders
     assert chain["train"].metrics["n_placeholder_experiences"] == 0.0  # the chain's bank fills every slot
