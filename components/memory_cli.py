@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from components.memory import (
+    BankDamagedError,
     BankMismatchError,
     ExperienceBank,
     IngestReport,
@@ -69,7 +70,7 @@ def _api_key() -> str | None:
 def _open(location: str, name: str, embedder: str | None, create: bool = False, **kwargs: Any) -> ExperienceBank:
     try:
         return ExperienceBank.open(location, name, embedder, api_key=_api_key(), create=create, **kwargs)
-    except (BankMismatchError, FileNotFoundError, RuntimeError) as exc:
+    except (BankDamagedError, BankMismatchError, FileNotFoundError, RuntimeError) as exc:
         _fail(str(exc))
         raise  # unreachable: _fail exits
 

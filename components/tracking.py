@@ -33,6 +33,7 @@ errors, a locked or unavailable database, HTTP 5xx/429) are retried with exponen
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -40,6 +41,7 @@ import math
 import os
 import posixpath
 import re
+import sqlite3
 import statistics
 import subprocess
 import tempfile
@@ -209,6 +211,7 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
                 raise TrackingUnavailableError(
                     f"cannot create the sqlite tracking store {shown}: {exc}. Check that the run directory is writable."
                 ) from None
+            _repair_half_built(path)
     elif scheme in ("postgresql", "mysql", "mssql"):
         import sqlalchemy
 
@@ -279,6 +282,56 @@ class RetryPolicy:
                 time.sleep(delay)
                 delay = min(delay * self.multiplier, self.max_delay)
         raise AssertionError("unreachable")
+
+
+def _half_built(path: Path) -> str | None:
+    """What shows that the sqlite file is an MLflow database whose schema set-up was interrupted (a process
+    killed during MLflow's migrations), or None."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not tables & {"alembic_version", "experiments"}:
+                return None  # empty, or not MLflow's: MLflow's own error says so
+            leftovers = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
+            if leftovers:
+                return f"an interrupted schema migration left the table {leftovers[0]}"
+            if "alembic_version" not in tables or not db.execute("SELECT * FROM alembic_version").fetchall():
+                return "it has tables but records no schema version (alembic_version)"
+    except sqlite3.Error:
+        return None
+    return None
+
+
+def _count_runs(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+        try:
+            return int(db.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+        except sqlite3.OperationalError:  # no runs table yet
+            return 0
+
+
+def _repair_half_built(path: Path) -> None:
+    """Move a half-initialised sqlite store that holds no runs aside (MLflow then creates it anew); raise
+    TrackingUnavailableError naming the file when it holds runs."""
+    if not path.is_file() or (problem := _half_built(path)) is None:
+        return
+    n_runs = _count_runs(path)
+    if n_runs:
+        raise TrackingUnavailableError(
+            f"{path} is a half-initialised MLflow database ({problem}), and it holds {n_runs} run(s), so it is left "
+            f"as it is: restore it from a backup, or move it aside to start a new store there. The tracking URI "
+            f"is fine; the file is not."
+        )
+    aside = path.with_name(f"{path.name}.half-built-{time.strftime('%Y%m%d-%H%M%S')}")
+    for suffix in ("", "-journal", "-wal", "-shm"):
+        if Path(f"{path}{suffix}").exists():
+            os.replace(f"{path}{suffix}", f"{aside}{suffix}")
+    logger.warning(
+        "%s was a half-initialised MLflow database (%s) holding no runs: moved it to %s; MLflow creates a new one",
+        path,
+        problem,
+        aside,
+    )
 
 
 def connect(uri: str, retry: RetryPolicy | None = None, connect_timeout: float = 5.0) -> MlflowClient:
@@ -672,9 +725,12 @@ class TrackedRun:
         self.name = name
         self._sink: MlflowMetricsSink | None = None
         self._cum_by_step: dict[int, float] = {}
+        self._logged: dict[str, set[int]] = {}  # metric -> steps the store holds (a resumed run's history)
         if load_history:
-            points = self.history([CUM_GENERATIONS])[CUM_GENERATIONS]
-            self._cum_by_step = dict(points)
+            run = self._call("reading the run", lambda: self.client.get_run(self.run_id))
+            history = self.history([CUM_GENERATIONS, *sorted(run.data.metrics)])
+            self._cum_by_step = dict(history[CUM_GENERATIONS])
+            self._logged = {key: {step for step, _ in points} for key, points in history.items() if points}
         self._first_step = max(self._cum_by_step, default=-1) + 1
 
     def __repr__(self) -> str:
@@ -719,9 +775,9 @@ class TrackedRun:
 
     def metrics_sink(self, flush_every: int = 10, flush_seconds: float = 30.0) -> MlflowMetricsSink:
         """The run's `MetricsSink` (one per run): buffered, sent with log_batch every `flush_every` steps or
-        `flush_seconds`, whichever comes first, and on flush()/end(). Flush when saving a checkpoint."""
+        `flush_seconds`, whichever comes first, and on flush()/end(). Flush before writing a checkpoint."""
         if self._sink is None:
-            self._sink = MlflowMetricsSink(self, self._cum_by_step, flush_every, flush_seconds)
+            self._sink = MlflowMetricsSink(self, self._cum_by_step, flush_every, flush_seconds, self._logged)
         return self._sink
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> None:
@@ -890,9 +946,15 @@ class MlflowMetricsSink:
     """
 
     def __init__(
-        self, run: TrackedRun, cum_by_step: Mapping[int, float], flush_every: int, flush_seconds: float
+        self,
+        run: TrackedRun,
+        cum_by_step: Mapping[int, float],
+        flush_every: int,
+        flush_seconds: float,
+        logged: Mapping[str, set[int]] | None = None,
     ) -> None:
         self.run = run
+        self._logged = {key: set(steps) for key, steps in (logged or {}).items()}
         self.flush_every = max(1, flush_every)
         self.flush_seconds = flush_seconds
         self._cum = dict(cum_by_step)
@@ -911,14 +973,6 @@ class MlflowMetricsSink:
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         step = int(step)
-        if step < self._resumed_at and "rewind" not in self._warned:
-            self._warned.add("rewind")
-            logger.warning(
-                "run %s: step %d was logged before the resume; MLflow keeps both points and curves and "
-                "comparisons use the later one",
-                self.run.run_id,
-                step,
-            )
         ts = _now_ms()
         points, nonfinite = _metric_points(metrics, step, ts, self._warned)
         try:
@@ -937,6 +991,17 @@ class MlflowMetricsSink:
         if nonfinite:
             points.append(Metric(NONFINITE_METRICS, float(len(nonfinite)), ts, step))
             self._new_nonfinite.update(nonfinite)
+        if step < self._resumed_at:  # a replayed step (resumed from an earlier checkpoint): every step once
+            kept = [p for p in points if step not in self._logged.get(p.key, ())]
+            if len(kept) < len(points):
+                logger.info(
+                    "run %s: step %d is already in the tracking store (logged before the restart); its %d "
+                    "stored values are kept and not logged again",
+                    self.run.run_id,
+                    step,
+                    len(points) - len(kept),
+                )
+            points = kept
         self._buffer.extend(points)
         self._buffered_steps += 1
         if self._buffered_steps >= self.flush_every or time.monotonic() - self._last_flush >= self.flush_seconds:

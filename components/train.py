@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,8 @@ from lopd_core.rollout import RolloutEngine
 from lopd_core.serialization import ChatSerializer
 from lopd_core.step import TrainStep, build_method
 from lopd_core.training import train_loop
+
+logger = logging.getLogger(__name__)
 
 
 class TrainSpec(StageSpec):
@@ -82,6 +85,28 @@ def _tasks(spec: TrainSpec, suite) -> list:  # type: ignore[no-untyped-def]
     return tasks
 
 
+def _check_bank_size(count: int, cfg: LOPDConfig, snapshot: ArtifactRef) -> None:
+    """LOPD's teacher reads the bank's successes: one too small to fill a retrieval's J slots is an error
+    unless `lopd.min_bank_size` allows it (0: any bank, even an empty one)."""
+    minimum = cfg.n_retrieved if cfg.min_bank_size is None else cfg.min_bank_size
+    if cfg.method == "lopd" and count < minimum:
+        raise ValueError(
+            f"bank snapshot {snapshot.uri} holds {count} entries, fewer than LOPD needs ({minimum}: lopd."
+            f"min_bank_size, by default n_retrieved = J): its teacher would read placeholder items instead of past "
+            f"successes. Fill the bank (collect more successes, or lower the bank stage's success_threshold), or "
+            f"set lopd.min_bank_size={count} to train with it anyway"
+        )
+    if cfg.method == "lopd" and count < cfg.n_retrieved:
+        logger.warning(
+            "bank snapshot %s holds %d entries, fewer than n_retrieved=%d (allowed by lopd.min_bank_size=%d): "
+            "LOPD's teacher reads placeholder items for the missing ones (n_placeholder_experiences)",
+            snapshot.uri,
+            count,
+            cfg.n_retrieved,
+            minimum,
+        )
+
+
 def train(spec: TrainSpec) -> StageResult:
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.lopd.seed)
@@ -99,12 +124,12 @@ def train(spec: TrainSpec) -> StageResult:
     run_name = f"{cfg.method}-seed{cfg.seed}"
     ckpt_dir = spec.stage_dir("train") / run_name
     state_file = ckpt_dir / "last" / "state.json"
-    resume_id = None
+    resume_id, saved = None, None
     if spec.resume and state_file.exists():
         saved = json.loads(state_file.read_text())
-        if saved["config"] != cfg.model_dump(mode="json"):
-            before = LOPDConfig.model_validate(saved["config"]).flat()
-            diff = sorted(k for k, v in cfg.flat().items() if before.get(k) != v)
+        before = LOPDConfig.model_validate(saved["config"]).flat()  # a setting added since takes its default
+        diff = sorted(k for k, v in cfg.flat().items() if before.get(k) != v)
+        if diff:
             raise ValueError(f"{ckpt_dir} was trained with another method config (differs in {diff}); "
                              "use the same lopd settings to resume, or another run_dir / resume=false")  # fmt: skip
         resume_id = saved.get("mlflow_run_id")
@@ -123,6 +148,11 @@ def train(spec: TrainSpec) -> StageResult:
     bank_scope = contextlib.ExitStack()
     if spec.bank_snapshot is not None:
         bank = bank_scope.enter_context(open_snapshot(spec, spec.bank_snapshot, f"train/{run_name}"))
+        try:
+            _check_bank_size(bank.count(), cfg, spec.bank_snapshot)
+        except ValueError:
+            bank_scope.close()  # the bank's lock is released
+            raise
     label = backbone_label(spec.backbone, spec.warm_start)
     labels = {"method": cfg.method, "seed": cfg.seed, "backbone": label,
               "bank_snapshot_id": spec.bank_snapshot.sha256[:16] if spec.bank_snapshot else None}  # fmt: skip
@@ -143,12 +173,16 @@ def train(spec: TrainSpec) -> StageResult:
             return engine.run([suite.episode(t) for t in batch])
 
         def on_checkpoint(path: Path, n: int) -> None:
-            sink.flush()
             run.log_checkpoint(store.put(path, "checkpoint", {"method": cfg.method, "step": n}), n)
 
+        if saved is not None:  # the steps this checkpoint covers, re-sent where the store lacks them
+            for row in saved["history"]:
+                sink.log(int(row["step"]), {k: v for k, v in row.items() if k not in ("step", "generations_total")})
+            sink.flush()
         extra = {"backbone": source, "mlflow_run_id": run.run_id,
                  "bank_snapshot": spec.bank_snapshot.sha256 if spec.bank_snapshot else None}  # fmt: skip
-        out = train_loop(step, tasks, rollout, spec.schedule, ckpt_dir, extra_state=extra, on_checkpoint=on_checkpoint)
+        out = train_loop(step, tasks, rollout, spec.schedule, ckpt_dir, extra_state=extra,
+                         on_checkpoint=on_checkpoint, before_checkpoint=lambda n: sink.flush())  # fmt: skip
         sink.close()
         final = store.put(ckpt_dir / "last", "checkpoint",
                           {"method": cfg.method, "seed": cfg.seed, "step": out["steps_done"], "backbone": label,

@@ -182,6 +182,10 @@ class LOPDConfig(StrictModel):
     method: MethodName = "lopd"
     # ---- composer (§3.2, app. A.1)
     n_retrieved: int = Field(3, ge=1)  # J
+    # ours: the train stage refuses LOPD on a bank with fewer entries (None: n_retrieved, J, the fewest that can
+    # fill a retrieval's J slots); 0 allows an empty bank, whose teacher then reads only the composer's
+    # "no past trajectory" placeholder items (counted per step as n_placeholder_experiences)
+    min_bank_size: int | None = Field(None, ge=0)
     n_queries: int = Field(32, ge=1)  # K latent tokens per retrieved experience
     qformer_layers: int = Field(8, ge=1)  # one block, weights shared across depth
     qformer_ff_mult: int = Field(4, ge=1)

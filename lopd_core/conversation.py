@@ -12,6 +12,7 @@ content only, without the end-of-turn token), so training scores precisely the t
 from __future__ import annotations
 
 import json
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -38,6 +39,14 @@ class Message:
             raise ValueError("Message.token_ids is only meaningful for assistant messages")
 
 
+# (field, type, how an error names it): the fields a JSON line may get wrong (e.g. "reward": "1.0")
+_FIELD_TYPES: tuple[tuple[str, Any, str], ...] = (
+    ("task_id", str, "a str"), ("env_id", str, "a str"), ("task", str, "a str"), ("split", str, "a str"),
+    ("trace", str, "a str"), ("reward", numbers.Real, "a number in [0, 1]"), ("failed", bool, "true or false"),
+    ("messages", list, "a list of messages"), ("metadata", dict, "an object"),
+)  # fmt: skip
+
+
 @dataclass
 class Trajectory:
     """One episode: the conversation, the outcome reward r in [0, 1] and bookkeeping for metrics."""
@@ -59,6 +68,12 @@ class Trajectory:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name, kind, what in _FIELD_TYPES:
+            value = getattr(self, name)
+            if not isinstance(value, kind) or (isinstance(value, bool) and kind is numbers.Real):
+                raise TypeError(
+                    f"Trajectory {self.task_id!r}: field {name!r} must be {what}, got {type(value).__name__} {value!r}"
+                )
         self.messages = [m if isinstance(m, Message) else Message(**m) for m in self.messages]
         if not 0.0 <= float(self.reward) <= 1.0:
             raise ValueError(f"Trajectory {self.task_id!r}: reward must lie in [0, 1], got {self.reward}")

@@ -59,6 +59,10 @@ class NoContext:
     def inputs(self, trajectories: Sequence[Trajectory]) -> TeacherInputs:
         return TeacherInputs()
 
+    def metrics(self) -> dict[str, float]:
+        """Step metrics about the contexts of the last `inputs` call."""
+        return {}
+
     def after_step(self) -> None:
         pass
 
@@ -74,6 +78,7 @@ class LatentContext(NoContext):
         self.retrieve = retrieve
         self.cfg = cfg
         self.teacher_requires_grad = not cfg.freeze_composer  # a frozen composer needs no teacher backward
+        self.n_placeholder = 0
 
     def contexts(self, trajectories: Sequence[Trajectory]) -> list[TeacherContext | None]:
         return [TeacherContext.latent(self.cfg.n_latents)] * len(trajectories)
@@ -81,8 +86,13 @@ class LatentContext(NoContext):
     def inputs(self, trajectories: Sequence[Trajectory]) -> TeacherInputs:
         tasks = [t.task for t in trajectories]
         retrieved = [self.retrieve(t.task, t.task_id)[: self.cfg.n_retrieved] for t in trajectories]
+        # retrieval slots the composer fills with its "no past trajectory" item (a small or empty bank)
+        self.n_placeholder = sum(self.cfg.n_retrieved - len(items) for items in retrieved)
         latents = self.composer(tasks, retrieved)
         return TeacherInputs(latents, self.composer.anchor_latents(tasks, retrieved))
+
+    def metrics(self) -> dict[str, float]:
+        return {"n_placeholder_experiences": float(self.n_placeholder)}
 
 
 class TextContext(NoContext):

@@ -184,12 +184,7 @@ class ChatSerializer:
                 add(self._encode(msg.content))
                 supervise_next = False
         self._add_scaffold(add, scaffolds[-1], supervise_next)
-        if view.latent_start >= 0 and view.latent_start + view.latent_len > self.max_seq_len:
-            raise ValueError(
-                f"latent span [{view.latent_start}, {view.latent_start + view.latent_len}) runs past "
-                f"max_seq_len={self.max_seq_len}; raise max_seq_len or shorten the system prompt"
-            )
-        return view
+        return view  # longer than max_seq_len (the latent span included): is_overlength, the caller decides
 
     def _add_scaffold(self, add, text: str, supervise_first: bool) -> None:  # type: ignore[no-untyped-def]
         piece = self._encode(text)
@@ -227,6 +222,7 @@ class ChatSerializer:
         return self.view(messages, context).input_ids + self._encode(self.generation_header)
 
     def is_overlength(self, view: TokenView) -> bool:
+        """Whether the view is longer than max_seq_len: any part of it, the latent span included."""
         return len(view) > self.max_seq_len
 
     # ------------------------------------------------------------------------------------- batching

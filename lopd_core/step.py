@@ -118,7 +118,10 @@ class TrainStep:
             elif student.n_action_tokens > 0:
                 views.append((traj, student, teacher))
         if over_ids and self.cfg.fail_on_overlength:
-            raise ValueError(f"{n_over} sequences exceed max_seq_len={self.cfg.max_seq_len}: {over_ids}")
+            raise ValueError(
+                f"{n_over} sequences exceed max_seq_len={self.cfg.max_seq_len}: {over_ids}; raise max_seq_len, or "
+                "set fail_on_overlength=false to leave them out of the loss and count them (n_overlength)"
+            )
         metrics.update(n_overlength=float(n_over), n_no_context=float(n_no_context), n_records=float(len(views)))
         if not views:
             return self._finish(metrics, t0, updated=False)
@@ -160,6 +163,7 @@ class TrainStep:
         self.strategy.after_step()
 
         metrics.update(stats)
+        metrics.update(self.strategy.metrics())
         metrics.update(loss=loss.item(), n_action_tokens=float(targets.numel()))
         if head.teacher_logp is not None and head.teacher_topm_mass is not None:
             metrics.update(

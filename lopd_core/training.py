@@ -71,8 +71,13 @@ def train_loop(
     stop_after: int | None = None,
     extra_state: dict[str, Any] | None = None,
     on_checkpoint: Callable[[Path, int], None] | None = None,
+    before_checkpoint: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the loop to `schedule.steps`; `stop_after` ends early after that many steps (tests)."""
+    """Run (or resume) the loop to `schedule.steps`; `stop_after` ends early after that many steps (tests).
+
+    `before_checkpoint(done)` runs before a checkpoint covering steps [0, done) is written (flush the metrics
+    there: if it raises, no checkpoint is written and a resume replays the steps); `on_checkpoint(path, done)`
+    after it is written."""
     by_id = {t.task_id: t for t in tasks}
     if len(by_id) != len(tasks):
         raise ValueError("duplicate task ids in the training tasks")
@@ -101,6 +106,8 @@ def train_loop(
         history.append({k: float(v) for k, v in metrics.items()} | {"step": index})
         done = index + 1
         if last is not None and (done % schedule.checkpoint_every == 0 or done == schedule.steps):
+            if before_checkpoint is not None:
+                before_checkpoint(done)
             state = {
                 "step": done,
                 "objective": step.objective.state_dict(),

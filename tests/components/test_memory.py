@@ -170,6 +170,27 @@ def test_evaluation_split_is_refused(banks):
     assert bank.count() == 1  # the whole batch was refused
 
 
+def test_held_out_tasks_of_every_evaluation_suite_are_refused_by_id_whatever_their_split(banks):
+    bank = banks.open()
+    bank.add([exp("a", "task a")])
+    offered = [
+        exp("b", "task b"),
+        exp("tw-eval-bank-d1-001", "a toolworld held-out task", split="train"),
+        exp("multi_turn_base_0", "a BFCL task", split="train"),
+        exp("HumanEval/0", "a HumanEval problem", split="train"),
+    ]
+    with pytest.raises(SplitLeakError) as info:
+        bank.add(offered)
+    assert str(info.value) == (
+        f"only 'train'-split successes may enter training bank {bank.name!r}; refusing the whole batch because of "
+        "3 record(s): 'tw-eval-bank-d1-001' (split='train', but a held-out task of suite 'toolworld'), "
+        "'multi_turn_base_0' (split='train', but a held-out task of suite 'bfcl'), 'HumanEval/0' (split='train', "
+        "but a held-out task of suite 'humaneval'); remove them from the input: evaluation tasks never enter a "
+        "training bank"
+    )
+    assert bank.count() == 1  # the whole batch was refused
+
+
 def test_audit_reports_evaluation_tasks(banks):
     bank = banks.open()
     bank.add([exp("t1", "Water the plants"), exp("t2", "Feed the cat"), exp("t3", "Walk the dog")])

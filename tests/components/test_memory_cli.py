@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from components.memory_backends import edge_available
 from components.memory_cli import bank_app
 
 runner = CliRunner()
@@ -86,3 +89,71 @@ def test_cli_refuses_evaluation_split_and_missing_bank(tmp_path: Path):
     assert result.exit_code == 2 and "only 'train'-split successes" in result.output
     result = runner.invoke(bank_app, ["stats", "--location", str(tmp_path / "nowhere"), "--name", "b"])
     assert result.exit_code == 2 and "no bank 'b'" in result.output
+
+
+def test_a_record_of_the_wrong_type_is_reported_by_line_and_field(tmp_path: Path):
+    """One `"reward": "1.0"` must not crash the batch: it is reported like the other bad lines."""
+    data = tmp_path / "trajectories.jsonl"
+    lines = [
+        json.dumps(traj("t1", "Water the plants in the garden")),
+        json.dumps({**traj("t2", "Feed the cat"), "reward": "1.0"}),
+        json.dumps({**traj("t3", "Walk the dog"), "split": 3}),
+        json.dumps(traj("t4", "Walk the dog")),
+    ]
+    data.write_text("\n".join(lines) + "\n")
+    bank = ["--location", str(tmp_path / "banks"), "--name", "garden", "--embedder", "hashing-64"]
+    code, report = invoke("ingest", str(data), *bank)
+    assert code == 0, report
+    assert report["added"] == 2 and report["count"] == 2
+    assert report["unreadable"] == [
+        f"{data}:2 (task_id='t2'): Trajectory 't2': field 'reward' must be a number in [0, 1], got str '1.0'",
+        f"{data}:3 (task_id='t3'): Trajectory 't3': field 'split' must be a str, got int 3",
+    ]
+
+
+ENGINES = {"local": ("qdrant", "meta.json"), "edge": ("edge", "edge_config.json")}  # engine dir, a file in it
+
+
+@pytest.mark.parametrize("backend", list(ENGINES))
+def test_a_damaged_bank_directory_is_a_one_line_error_naming_the_file_and_the_fix(tmp_path: Path, backend: str):
+    if backend == "edge" and not edge_available():
+        pytest.skip("qdrant-edge-py is not installed")
+    data = tmp_path / "trajectories.jsonl"
+    data.write_text(json.dumps(traj("t1", "Water the plants in the garden")) + "\n")
+    location = tmp_path / "banks"
+    bank = ["--location", str(location), "--name", "garden"]
+    assert invoke("ingest", str(data), *bank, "--embedder", "hashing-64", "--backend", backend)[0] == 0
+    good = tmp_path / "good"
+    shutil.copytree(location, good)
+    fix = f"Restore it from a snapshot: lopd bank restore SNAPSHOT.json --location {location} --name garden --overwrite"
+
+    def error_line() -> str:
+        result = runner.invoke(bank_app, ["stats", *bank])
+        assert result.exit_code == 2 and result.stdout == "", result.output
+        assert result.stderr.count("\n") == 1, result.stderr
+        return result.stderr.strip()
+
+    manifest = location / "garden" / "bank.json"
+    manifest.write_text('{"format": 1,')  # cut short
+    assert error_line() == (
+        f"error: bank 'garden' in {location} is damaged: {manifest} is not valid JSON (Expecting property name "
+        f"enclosed in double quotes at line 1 column 14). {fix}"
+    )
+    manifest.write_text('{"format": 1, "name": "garden"}')
+    assert error_line() == (
+        f"error: bank 'garden' in {location} is damaged: {manifest} lacks the field(s) backend, embedder, dim, "
+        f"min_reward, search. {fix}"
+    )
+
+    for damage in ("missing", "unreadable"):
+        shutil.rmtree(location)
+        shutil.copytree(good, location)
+        engine = location / "garden" / ENGINES[backend][0]
+        if damage == "missing":
+            shutil.rmtree(engine)  # opened as it was, this bank would be silently empty
+            assert error_line() == f"error: bank 'garden' in {location} is damaged: {engine} is missing. {fix}"
+        else:
+            (engine / ENGINES[backend][1]).write_text('{"collections": {"bank": ')
+            line = error_line()
+            assert line.startswith(f"error: bank 'garden' in {location} is damaged: {engine} cannot be read (")
+            assert line.endswith(f"). {fix}")

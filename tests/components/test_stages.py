@@ -102,3 +102,33 @@ def test_a_failed_train_run_releases_the_bank_lock(chain, monkeypatch):
     assert locks, "the train stage restored no bank"
     for lock in locks:
         ExperienceBank._lock_dir(lock.parent).close()  # raises "in use by another process" if still held
+
+
+def test_lopd_refuses_an_empty_bank_unless_allowed(chain, tmp_path, caplog):
+    """An empty bank is an error naming the snapshot and the fix; allowed, the placeholders are a metric."""
+    from components.memory import ExperienceBank
+
+    spec = chain["spec"]
+    with ExperienceBank.open(tmp_path / "banks", "experience", "hashing-64") as empty:
+        snapshot = empty.snapshot(tmp_path / "snapshots")
+    ref = spec.store().put(snapshot.uri, "bank_snapshot", snapshot.metadata)
+    other = spec.model_copy(update={"run_dir": str(tmp_path / "run"), "artifact_root": str(spec.store().root),
+                                    "bank_snapshot": ref})  # fmt: skip
+    with pytest.raises(ValueError) as info:
+        train(other)
+    assert str(info.value) == (
+        f"bank snapshot {ref.uri} holds 0 entries, fewer than LOPD needs (3: lopd.min_bank_size, by default "
+        "n_retrieved = J): its teacher would read placeholder items instead of past successes. Fill the bank "
+        "(collect more successes, or lower the bank stage's success_threshold), or set lopd.min_bank_size=0 to "
+        "train with it anyway"
+    )
+    allowed = other.model_copy(update={"lopd": other.lopd.model_copy(update={"min_bank_size": 0})})
+    with caplog.at_level("WARNING", logger="components.train"):
+        result = train(allowed)
+    assert (
+        f"bank snapshot {ref.uri} holds 0 entries, fewer than n_retrieved=3 (allowed by lopd.min_bank_size=0): "
+        "LOPD's teacher reads placeholder items for the missing ones (n_placeholder_experiences)"
+    ) in caplog.messages
+    records = result.metrics["n_records"]
+    assert records > 0 and result.metrics["n_placeholder_experiences"] == 3 * records  # J slots, all placeholders
+    assert chain["train"].metrics["n_placeholder_experiences"] == 0.0  # the chain's bank fills every slot

@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -135,19 +136,17 @@ def stop_process_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(pg_database, tmp_path_factory) -> Iterator[Server]:
-    name, db_uri = pg_database
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
+def start_mlflow_server(backend_uri: str, root: Path, port: int) -> subprocess.Popen:
+    """`mlflow server` on 127.0.0.1:`port` over `backend_uri`, artifacts under `root`, once /health answers;
+    stop it with stop_process_group (it is its own process group)."""
     uri = f"http://127.0.0.1:{port}"
     cmd = [
-        sys.executable, "-m", "mlflow", "server", "--backend-store-uri", db_uri, "--workers", "1",
+        sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri, "--workers", "1",
         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no background job workers
     log_path = root / "server.log"
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + SERVER_START_TIMEOUT
@@ -157,13 +156,25 @@ def mlflow_server(pg_database, tmp_path_factory) -> Iterator[Server]:
             try:
                 with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
                     if response.status == 200:
-                        break
+                        return proc
             except OSError:
                 pass
             if time.monotonic() > deadline:
                 pytest.fail(f"mlflow server not healthy after {SERVER_START_TIMEOUT}s:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.5)
-        yield Server(uri, name, root / "artifacts")
+    except BaseException:
+        stop_process_group(proc)
+        raise
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(pg_database, tmp_path_factory) -> Iterator[Server]:
+    name, db_uri = pg_database
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    proc = start_mlflow_server(db_uri, root, port)
+    try:
+        yield Server(f"http://127.0.0.1:{port}", name, root / "artifacts")
     finally:
         stop_process_group(proc)
 
@@ -294,6 +305,53 @@ def test_unreachable_stores_fail_fast_with_a_clear_message(tmp_path):
 
 
 # ---------------------------------------------------------------- runs, params, tags
+
+
+KILLED_DURING_SETUP = """
+import os, signal, sys
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+@event.listens_for(Engine, "after_cursor_execute")
+def kill_9(conn, cursor, statement, *args):
+    if statement.lstrip().startswith("CREATE TABLE _alembic_tmp_trace_tags"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+from mlflow import MlflowClient
+MlflowClient(sys.argv[1]).search_experiments()
+"""
+
+
+def test_a_half_initialised_sqlite_store_is_moved_aside_or_reported(tmp_path, caplog):
+    """`kill -9` during MLflow's first database set-up (at the statement the issue names) leaves mlflow.db
+    half-built. Holding no runs, it is moved aside and a new store is created; holding runs, it is reported."""
+    script = tmp_path / "setup_then_die.py"
+    script.write_text(KILLED_DURING_SETUP)
+    db = tmp_path / "mlflow.db"
+    child = subprocess.run([sys.executable, str(script), f"sqlite:///{db}"], capture_output=True, timeout=300)
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-2000:]
+
+    with caplog.at_level("WARNING", logger="components.tracking"):
+        tracker = Tracker.open("half-built", run_dir=tmp_path)
+    (aside,) = tmp_path.glob("mlflow.db.half-built-*")
+    assert caplog.messages == [
+        f"{db} was a half-initialised MLflow database (an interrupted schema migration left the table "
+        f"_alembic_tmp_trace_tags) holding no runs: moved it to {aside}; MLflow creates a new one"
+    ]
+    with tracker.start_stage("train") as run:
+        run.log_metrics({"margin": 0.5})
+    assert tracker.client.get_run(run.run_id).info.status == "FINISHED"
+
+    with contextlib.closing(sqlite3.connect(db)) as conn:  # the same interruption in a store that holds a run
+        conn.execute("CREATE TABLE _alembic_tmp_trace_tags (key VARCHAR(250))")
+        conn.commit()
+    with pytest.raises(TrackingUnavailableError) as info:
+        Tracker.open("half-built", run_dir=tmp_path)
+    assert str(info.value) == (
+        f"{db} is a half-initialised MLflow database (an interrupted schema migration left the table "
+        f"_alembic_tmp_trace_tags), and it holds 1 run(s), so it is left as it is: restore it from a backup, or "
+        f"move it aside to start a new store there. The tracking URI is fine; the file is not."
+    )
 
 
 def test_default_store_is_sqlite_in_the_run_directory(sqlite_run_dir, suite):
@@ -472,6 +530,86 @@ def test_resume_by_run_id_continues_the_step_count(store, suite):
     assert client.get_run(run_id).info.status == "FINISHED"
     with pytest.raises(ValueError, match="config hash"):
         tracker.resume(run_id, config=LOPDConfig(seed=2))
+
+
+def test_a_resumed_run_that_replays_steps_logs_every_step_once(store, suite):
+    """Steps 0-4 reached the store but the process died before checkpoint 5 was written: the resumed stage
+    replays steps 2-4 from checkpoint 2. The store keeps one point per step and metric."""
+    tracker = store.open(suite)
+    run = tracker.start_stage("train", method="lopd", seed=0)
+    sink = run.metrics_sink(flush_every=100)
+    for i in range(5):
+        sink.log(i, {"margin": 0.1 * i, "beta": 1.0, "generations": 8})
+    sink.flush()
+    del run, sink
+
+    resumed = store.open(suite).resume(tracker.find_runs(stage="train")[0])
+    sink = resumed.metrics_sink()
+    for i in range(2, 7):  # the replay from checkpoint 2, then new steps
+        sink.log(i, {"margin": 0.1 * i, "beta": 2.0, "generations": 8, "nonfinite_here": math.nan})
+    resumed.end()
+
+    client = MlflowClient(store.uri)
+    for key in ("margin", "beta", CUM_GENERATIONS):
+        steps = sorted(m.step for m in client.get_metric_history(resumed.run_id, key))
+        assert steps == list(range(7)), (key, steps)
+    assert [v for _, v in resumed.history(["beta"])["beta"]] == [1.0] * 5 + [2.0] * 2
+    assert resumed.history([CUM_GENERATIONS])[CUM_GENERATIONS] == [(i, 8.0 * (i + 1)) for i in range(7)]
+    nonfinite = sorted(m.step for m in client.get_metric_history(resumed.run_id, NONFINITE_METRICS))
+    assert nonfinite == [2, 3, 4, 5, 6]  # new values of a replayed step are still logged
+
+
+@pytest.mark.slow
+def test_a_train_stage_resumed_after_the_server_died_has_every_step_once(tmp_path, monkeypatch):
+    """A real `mlflow server` is stopped during step 3 of 6 (checkpoints every 2 steps) and started again;
+    the re-run train stage resumes the same run, which then holds every step exactly once."""
+    import components.train as train_module
+    from components.artifacts import ArtifactStore
+    from components.train import TrainSpec, train
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail fast while the server is down
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    root, port = tmp_path / "server", free_port()
+    root.mkdir()
+    backend = f"sqlite:///{root / 'mlflow.db'}"
+    server = {"proc": start_mlflow_server(backend, root, port)}
+    try:
+        empty = tmp_path / "trajectories.jsonl"
+        empty.write_text("")  # OPSD's solutions come from the suite's reference solutions
+        run_dir = tmp_path / "run"
+        dataset = ArtifactStore(run_dir / "artifacts").put(empty, "dataset")
+        spec = TrainSpec(
+            run_dir=str(run_dir), tracking_uri=f"http://127.0.0.1:{port}", experiment="server-dies",
+            backbone="tiny", dataset=dataset, lopd={"method": "opsd"},
+            schedule={"steps": 6, "tasks_per_step": 1, "checkpoint_every": 2},
+            rollout={"max_new_tokens": 8, "max_turns": 1, "batch_size": 1},
+        )  # fmt: skip
+        real_loop = train_module.train_loop
+
+        def loop_losing_the_server(step, tasks, rollout, *args, **kwargs):
+            def rollout_then_stop(batch):
+                if step.step_index == 3:  # steps 0, 1 are in the store (checkpoint 2); 2 and 3 are buffered
+                    stop_process_group(server["proc"])
+                return rollout(batch)
+
+            return real_loop(step, tasks, rollout_then_stop, *args, **kwargs)
+
+        monkeypatch.setattr(train_module, "train_loop", loop_losing_the_server)
+        with pytest.raises(TrackingError, match="failed 4 times on MLflow"):
+            train(spec)
+        monkeypatch.setattr(train_module, "train_loop", real_loop)
+        server["proc"] = start_mlflow_server(backend, root, port)
+        result = train(spec)
+
+        client = MlflowClient(f"http://127.0.0.1:{port}")
+        run = client.get_run(result.mlflow_run_id)
+        assert run.info.status == "FINISHED" and result.metrics["steps"] == 6
+        assert len(client.search_runs([run.info.experiment_id])) == 1  # the same run was resumed
+        for key in ("distill_kl", "reward_mean", "generations", CUM_GENERATIONS):
+            steps = sorted(m.step for m in client.get_metric_history(result.mlflow_run_id, key))
+            assert steps == list(range(6)), (key, steps)
+    finally:
+        stop_process_group(server["proc"])
 
 
 # ---------------------------------------------------------------- comparison across runs

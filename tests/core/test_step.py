@@ -98,6 +98,31 @@ def test_failed_and_overlength_rollouts_are_excluded_and_counted(tiny):
         make_step(tiny, max_seq_len=80, fail_on_overlength=True)([long_one])
 
 
+def test_a_latent_span_past_max_seq_len_is_skipped_and_counted(tiny):
+    """fail_on_overlength=false skips and counts whatever part of the sequence is over, the latent span too."""
+    batch = make_batch()
+    long_prompt = batch[0]
+    long_prompt.messages[0] = Message("system", "You are an agent. Tools: " + "ls(path), " * 40)
+    probe = make_step(tiny)
+    teacher = probe.serializer.view(long_prompt.messages, probe.strategy.contexts([long_prompt])[0])
+    limit = teacher.latent_start + 1  # the span starts inside the limit and runs past it
+    assert limit > 64 and teacher.latent_len > 1
+    out = make_step(tiny, max_seq_len=limit)(batch)
+    assert out["n_overlength"] == 1.0 and out["n_records"] == 2.0 and out["updated"] == 1.0
+    with pytest.raises(ValueError) as info:
+        make_step(tiny, max_seq_len=limit, fail_on_overlength=True)([long_prompt])
+    assert str(info.value) == (
+        f"1 sequences exceed max_seq_len={limit}: ['t0']; raise max_seq_len, or set fail_on_overlength=false to "
+        "leave them out of the loss and count them (n_overlength)"
+    )
+
+
+def test_placeholder_experiences_are_counted(tiny):
+    """Two retrieved items for J=3 slots: the composer fills one slot per record with its placeholder item."""
+    out = make_step(tiny)(make_batch())
+    assert CFG.n_retrieved == 3 and out["n_placeholder_experiences"] == 3.0 and out["n_no_context"] == 0.0
+
+
 def test_all_failed_batch_takes_no_step(tiny):
     step = make_step(tiny)
     batch = make_batch()

@@ -3,6 +3,7 @@
 LEAN = [
     "collect.n_tasks=2",
     "collect.samples_per_task=1",
+    "lopd.min_bank_size=0",  # a bank of 2 trajectories is smaller than J=3: allowed here, not by default
     "collect.rollout.max_new_tokens=8",
     "collect.rollout.max_turns=1",
     "cold_start.steps=1",
