@@ -11,6 +11,7 @@ left. `test_battery_counts` prints contained / tried per path.
 
 from __future__ import annotations
 
+import os
 import socket
 import textwrap
 import uuid
@@ -32,6 +33,7 @@ RESULTS: Counter[tuple[str, bool]] = Counter()
 @pytest.fixture(scope="module")
 def env():
     """A listening loopback socket and a 0777 directory holding a file, both on the host."""
+    _subreaper()
     victim = Path("/tmp") / f"{MARK}-dir"
     victim.mkdir(mode=0o777)
     victim.chmod(0o777)
@@ -73,15 +75,34 @@ def attacks(port: int, victim: Path) -> dict[str, tuple[str, str]]:
     }  # fmt: skip
 
 
+def _subreaper() -> None:
+    """Make this test process the reaper of its orphans (PR_SET_CHILD_SUBREAPER): a sandbox process that
+    double-forks away from its parent is re-parented here, not to the host's init, so it stays our descendant."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+
+
+def _parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
 def _sandbox_processes() -> set[int]:
-    """Host processes running the sandbox worker (its source text is on their command line)."""
-    pids = set()
+    """Our descendant processes running the sandbox worker (its source text is on their command line). Only our
+    own: other programs on the machine may run sandboxes of their own at the same time."""
+    me, pids = os.getpid(), set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if b"The sandbox worker: our trusted code" in (entry / "cmdline").read_bytes():
+                if b"The sandbox worker: our trusted code" not in (entry / "cmdline").read_bytes():
+                    continue
+                pid = int(entry.name)
+                while pid > 1 and pid != me:
+                    pid = _parent(pid)
+                if pid == me:
                     pids.add(int(entry.name))
-            except OSError:
+            except (OSError, ValueError, IndexError):
                 pass
     return pids
 
