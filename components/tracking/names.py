@@ -1,0 +1,69 @@
+"""The vocabulary of the tracking package: tag keys, metric names, file names and the errors."""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal, TypeVar
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+GIT_SHA_ENV = "LOPD_GIT_SHA"  # set in images built without .git
+DEFAULT_DB = "mlflow.db"
+DEFAULT_ARTIFACTS = "mlartifacts"
+CONFIG_ARTIFACT = "config.yaml"
+
+CUM_GENERATIONS = "generations_cum"  # running sum of `generations`, logged at every step
+NONFINITE_METRICS = "nonfinite_metrics"  # number of non-finite values dropped at a step (logged when > 0)
+# What a train step reports (lopd_core.step.TrainStep); steps without an update lack the loss terms.
+STEP_METRICS = (
+    "distill_kl", "margin", "beta", "anchor", "privilege_mean", "reward_mean", "success_rate", "teacher_topm_mass",
+    "tail_mass", "n_action_tokens", "n_overlength", "failed_rollouts", "generations", "step_seconds",
+)  # fmt: skip
+DEFAULT_PANELS: tuple[tuple[str, ...], ...] = (("margin",), ("beta",), ("reward_mean", "success_rate"))
+CurveX = Literal["step", "generations"]
+
+
+class Tag:
+    """Tag keys (search them with `tags.<key>`, dotted ones as tags.`<key>`)."""
+
+    SUITE = "suite"
+    STAGE = "stage"
+    ROLE = "lopd.role"  # "pipeline" | "stage"
+    METHOD = "method"
+    SEED = "seed"
+    BACKBONE = "backbone"
+    BENCHMARK = "benchmark"
+    BANK_SNAPSHOT = "bank_snapshot_id"
+    CONFIG_HASH = "config_hash"  # sha256 of the config's canonical JSON
+    GIT_SHA = "git_sha"
+    PIPELINE_RUN = "pipeline_run_id"
+    PREFECT_FLOW_RUN_ID = "prefect.flow_run_id"
+    PREFECT_FLOW_RUN_URL = "prefect.flow_run_url"
+    PARAMS_TRUNCATED = "lopd.params_truncated"  # params cut to MLflow's length limit (full values in config.yaml)
+    NONFINITE_KEYS = "lopd.nonfinite_keys"
+    LAST_CHECKPOINT = "lopd.last_checkpoint"  # artifact path of the newest checkpoint reference
+    PARENT_RUN = "mlflow.parentRunId"  # MLflow's own: nests the run under its parent in the UI
+    GIT_COMMIT = "mlflow.source.git.commit"
+    NOTE = "mlflow.note.content"  # the run description shown in the UI
+
+
+# A stage run takes these from its parent unless given explicitly.
+INHERITED_TAGS = (
+    Tag.METHOD, Tag.SEED, Tag.BACKBONE, Tag.BENCHMARK, Tag.BANK_SNAPSHOT, Tag.PREFECT_FLOW_RUN_ID,
+    Tag.PREFECT_FLOW_RUN_URL, Tag.NOTE,
+)  # fmt: skip
+ROW_COLUMNS = (
+    "run_id", "run_name", "stage", "method", "seed", "backbone", "benchmark", "bank_snapshot_id", "config_hash",
+    "pipeline_run_id", "status", "step", "generations",
+)  # fmt: skip
+
+
+class TrackingError(RuntimeError):
+    """A tracking call kept failing (after retries)."""
+
+
+class TrackingUnavailableError(TrackingError):
+    """The tracking store cannot be reached at all."""

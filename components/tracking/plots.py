@@ -1,0 +1,92 @@
+"""Curves: training metrics against steps or generations, one panel per metric group."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from components.tracking.names import DEFAULT_PANELS, CurveX
+from components.tracking.query import RunSeries, _load_series
+from components.tracking.store import RetryPolicy, connect
+
+logger = logging.getLogger(__name__)
+
+_LINESTYLES = ("-", "--", ":", "-.")
+
+
+def render_curves(
+    series: Sequence[RunSeries],
+    panels: Sequence[Sequence[str]],
+    x: CurveX,
+    out: Path,
+    *,
+    title: str | None = None,
+    budget: float | None = None,
+    reference: Mapping[str, float] | None = None,
+) -> Path:
+    """One panel per group of metrics, stacked on a shared x axis (step, or cumulative generations), written as PNG.
+
+    One run: a colour per metric. Several runs: a colour per run, a line style per metric of the panel.
+    `reference` draws horizontal dashed lines (e.g. the margin target), `budget` a vertical one (generations).
+    """
+    if x not in ("step", "generations"):
+        raise ValueError(f"x must be 'step' or 'generations', got {x!r}")
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend (Agg canvas)
+
+    fig = Figure(figsize=(8.0, 2.4 * len(panels) + 0.6), layout="constrained")
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    colors = [f"C{i % 10}" for i in range(max(len(series), max(len(p) for p in panels)))]
+    for ax, keys in zip(axes, panels, strict=True):
+        drawn = False
+        for i, s in enumerate(series):
+            for j, key in enumerate(keys):
+                xs, ys = s.xy(key, x)
+                if not xs:
+                    continue
+                if len(series) == 1:
+                    color, style, label = colors[j], "-", key
+                else:
+                    color, style = colors[i], _LINESTYLES[j % len(_LINESTYLES)]
+                    label = s.label if len(keys) == 1 else f"{s.label}: {key}"
+                ax.plot(xs, ys, color=color, linestyle=style, marker="." if len(xs) <= 50 else None, label=label)
+                drawn = True
+        for key in keys:
+            if reference and key in reference:
+                ax.axhline(reference[key], color="gray", linestyle="--", linewidth=1, label=f"{key} target")
+        if budget is not None and x == "generations":
+            ax.axvline(budget, color="gray", linestyle=":", linewidth=1)
+        ax.set_ylabel(" / ".join(keys))
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize="small", loc="best")
+        else:
+            ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="gray")
+    axes[-1].set_xlabel("cumulative generations (rollout budget)" if x == "generations" else "step")
+    if title:
+        fig.suptitle(title)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png", dpi=100)
+    return out
+
+
+def plot_runs(
+    tracking_uri: str,
+    run_ids: Sequence[str],
+    out: str | Path,
+    *,
+    panels: Sequence[Sequence[str]] = DEFAULT_PANELS,
+    x: CurveX = "generations",
+    labels: Mapping[str, str] | None = None,
+    budget: float | None = None,
+    title: str | None = None,
+    retry: RetryPolicy | None = None,
+) -> Path:
+    """Per-step curves of several runs on shared axes (x = cumulative generations or step) as a PNG at `out`.
+
+    Labels default to "<method> seed=<seed> <benchmark>" from the run tags; `budget` marks the equal-budget line.
+    """
+    retry = retry or RetryPolicy()
+    client = connect(tracking_uri, retry)
+    series = [_load_series(client, rid, panels, retry, tracking_uri, (labels or {}).get(rid)) for rid in run_ids]
+    return render_curves(series, panels, x, Path(out), title=title, budget=budget)

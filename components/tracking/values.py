@@ -1,0 +1,99 @@
+"""Values as MLflow takes them: configs flattened to params, length limits, metric keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import posixpath
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from mlflow.entities import Param
+from mlflow.utils.validation import (
+    MAX_PARAM_VAL_LENGTH,
+    MAX_TAG_VAL_LENGTH,
+)
+
+from components.tracking.names import CONFIG_ARTIFACT, T
+from lopd_core.artifacts import sha256_json
+
+logger = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------- values
+
+
+def _config_data(config: Any) -> dict[str, Any]:
+    """A config (pydantic model, dataclass or mapping) as plain JSON-compatible data."""
+    if hasattr(config, "model_dump"):
+        data = config.model_dump(mode="json")
+    elif dataclasses.is_dataclass(config) and not isinstance(config, type):
+        data = dataclasses.asdict(config)
+    elif isinstance(config, Mapping):
+        data = dict(config)
+    else:
+        raise TypeError(f"config must be a pydantic model, a dataclass or a mapping, got {type(config).__name__}")
+    return json.loads(json.dumps(data, default=str))
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}` (the same keys as StrictModel.flat())."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_hash(config: Any) -> str:
+    return sha256_json(_config_data(config))
+
+
+def param_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None or isinstance(value, list | tuple | dict):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def format_params(params: Mapping[str, Any]) -> tuple[list[Param], list[str]]:
+    """MLflow params, values cut to MLflow's length limit with a note; also the names of the cut ones."""
+    out: list[Param] = []
+    truncated: list[str] = []
+    for key, value in params.items():
+        text = param_text(value)
+        if len(text) > MAX_PARAM_VAL_LENGTH:
+            note = f"...[truncated from {len(text)} chars; full value in {CONFIG_ARTIFACT}]"
+            text = text[: MAX_PARAM_VAL_LENGTH - len(note)] + note
+            truncated.append(key)
+        out.append(Param(key, text))
+    return out, truncated
+
+
+def _clip_tag(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= MAX_TAG_VAL_LENGTH else text[: MAX_TAG_VAL_LENGTH - 3] + "..."
+
+
+_KEY_CHARS = re.compile(r"^[/\w.\- :]+$")
+
+
+def valid_metric_key(key: Any) -> bool:
+    """Whether MLflow accepts `key` as a metric name."""
+    if not isinstance(key, str) or not key or len(key) > 250 or not _KEY_CHARS.match(key):
+        return False
+    return posixpath.normpath(key) == key and key != "." and not key.startswith(("/", ".."))
+
+
+def _chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
