@@ -3,8 +3,9 @@
     from components.evaluate import EvaluateSpec, evaluate
     result = evaluate(EvaluateSpec(backbone="smollm2-135m", checkpoint=ckpt_ref.to_dict(),
                                    benchmarks=["toolworld", "bfcl", "humaneval"]))
-    result.metrics_ref          # ArtifactRef dict (kind "metrics"): metrics.json
-    result.report_markdown      # tab. 1/2/3-shaped markdown (also the "report" artifact and MLflow report.md)
+    result.artifacts["metrics"]     # ArtifactRef (kind "metrics"): metrics.json
+    result.artifacts["report"]      # tab. 1/2/3-shaped markdown (also MLflow's report.md); "episodes": records
+    result.metrics                  # {"<benchmark>/headline": value, "seconds": total}, like every stage's result
 
     python -m components.evaluate spec.yaml backbone=tiny 'benchmarks=[humaneval]' decoding.temperature=0.8
 
@@ -32,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,7 +42,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from components.artifacts import ArtifactStore
-from components.common import open_suite
+from components.common import StageResult, StageSpec, open_suite
 from lopd_core.artifacts import ArtifactRef, sha256_json, sha256_path
 from lopd_core.config import apply_overrides, explain
 from lopd_core.conversation import Trajectory
@@ -145,7 +146,7 @@ class CodeSpec(_Spec):
     )
 
 
-class EvaluateSpec(_Spec):
+class EvaluateSpec(StageSpec):
     """Everything the evaluate stage needs; `python -m components.evaluate --help` lists the fields."""
 
     backbone: str = Field(
@@ -171,12 +172,8 @@ class EvaluateSpec(_Spec):
     latent_eval: bool = Field(False, description="Also evaluate the latent teacher (needs an LOPD checkpoint + bank).")
     bank: dict[str, Any] | str | None = Field(None, description="Bank snapshot (ArtifactRef dict or its directory).")
     run_dir: str = "runs/evaluate"
-    artifact_root: str | None = Field(None, description="Artifact store root or URL (default <run_dir>/artifacts).")
+    experiment: str = "evaluation"
     tracking: bool = Field(True, description="Log to MLflow.")
-    tracking_uri: str | None = Field(None, description="Default: $MLFLOW_TRACKING_URI, else sqlite in run_dir.")
-    experiment: str | None = Field(None, description='MLflow experiment (default "evaluation").')
-    parent_run_id: str | None = Field(None, description="The pipeline run this stage nests under.")
-    tags: dict[str, str] = Field(default_factory=dict)
     threads: int | None = Field(None, ge=1, description="torch threads (default: leave as is).")
     progress: bool = False
 
@@ -202,21 +199,6 @@ class EvaluateSpec(_Spec):
         if self.latent_eval and (self.checkpoint is None or self.bank is None):
             raise ValueError("latent_eval needs the checkpoint of an LOPD run and a bank snapshot (`bank`)")
         return self
-
-
-@dataclass
-class EvaluateResult:
-    metrics: dict[str, Any]
-    report_markdown: str
-    metrics_ref: dict[str, Any]
-    report_ref: dict[str, Any]
-    trajectories_ref: dict[str, Any]
-    run_id: str | None = None
-    seconds: dict[str, float] = field(default_factory=dict)
-    out_dir: str = ""
-
-    def headlines(self) -> dict[str, float]:
-        return {k: v["headline"]["value"] for k, v in self.metrics["benchmarks"].items()}
 
 
 # ------------------------------------------------------------------------------------------------ models
@@ -423,7 +405,7 @@ def _run_plan(
     return metrics_by_key
 
 
-def evaluate(spec: EvaluateSpec) -> EvaluateResult:
+def evaluate(spec: EvaluateSpec) -> StageResult:
     """Run every benchmark of `spec`, write and store the outputs, log them to MLflow (see the module docstring)."""
     if spec.threads:
         torch.set_num_threads(spec.threads)
@@ -431,7 +413,7 @@ def evaluate(spec: EvaluateSpec) -> EvaluateResult:
     run_dir = Path(spec.run_dir)
     out_dir = run_dir / "evaluate"
     out_dir.mkdir(parents=True, exist_ok=True)
-    store = ArtifactStore(spec.artifact_root or run_dir / "artifacts")
+    store = spec.store()
     seconds: dict[str, float] = {}
     latent: dict[str, Any] | None = None
     all_records: list[dict[str, Any]] = []
@@ -493,15 +475,13 @@ def evaluate(spec: EvaluateSpec) -> EvaluateResult:
     run_id = None
     if spec.tracking:
         run_id = _track(spec, metrics_doc, report, [metrics_ref, report_ref, trajectories_ref], seconds)
-    return EvaluateResult(
-        metrics=metrics_doc,
-        report_markdown=report,
-        metrics_ref=metrics_ref.to_dict(),
-        report_ref=report_ref.to_dict(),
-        trajectories_ref=trajectories_ref.to_dict(),
-        run_id=run_id,
-        seconds=seconds,
-        out_dir=str(out_dir),
+    headlines = {f"{k}/headline": float(v["headline"]["value"]) for k, v in benchmarks.items()}
+    return StageResult(
+        stage="evaluate",
+        artifacts={"metrics": metrics_ref, "report": report_ref, "episodes": trajectories_ref},
+        metrics={**headlines, "seconds": float(seconds["total"])},
+        mlflow_run_id=run_id,
+        summary=f"{label}: " + ", ".join(f"{k} {v['headline']['value']:.1f}" for k, v in benchmarks.items()),
     )
 
 
@@ -511,7 +491,7 @@ def _track(
     """The stage's MLflow run: the spec as params, flat metrics, metrics.json, report.md and the artifact refs."""
     from components.tracking import Tracker
 
-    tracker = Tracker.open(spec.experiment or "evaluation", run_dir=spec.run_dir, tracking_uri=spec.tracking_uri)
+    tracker = Tracker.open(spec.experiment, run_dir=spec.run_dir, tracking_uri=spec.tracking_uri)
     keys = ",".join(metrics["benchmarks"])
     with tracker.start_stage(
         "evaluate",
@@ -623,16 +603,8 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:  # a benchmark file or checkpoint that is not there
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(result.report_markdown)
-    summary = {
-        "headlines": result.headlines(),
-        "metrics_ref": result.metrics_ref,
-        "report_ref": result.report_ref,
-        "trajectories_ref": result.trajectories_ref,
-        "run_id": result.run_id,
-        "seconds": result.seconds,
-    }
-    print(json.dumps(summary, indent=2, sort_keys=True))
+    print(spec.store().get(result.artifacts["report"]).read_text())
+    print(result.model_dump_json(indent=2))
     return 0
 
 

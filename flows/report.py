@@ -18,9 +18,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from components.common import StageResult
+from components.common import StageResult, StageSpec
 from components.tracking import Tracker, plot_runs, redact
 from lopd_core.artifacts import ArtifactRef
 
@@ -38,15 +38,10 @@ REPORT_FILES = (
 )
 
 
-class ReportSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ReportSpec(StageSpec):
+    """The report stage: tables and curves over the pipeline's evaluate and train runs (`parent_run_id`: the
+    pipeline run the report is logged on)."""
 
-    run_dir: str = "runs/local"
-    artifact_root: str | None = None
-    tracking_uri: str | None = None
-    experiment: str = "lopd"
-    parent_run_id: str | None = None  # the pipeline run the report is logged on
-    tags: dict[str, str] = Field(default_factory=dict)
     suite: str = "toolworld"
     title: str = "LOPD pipeline report"
     evaluate_run_ids: list[str] = Field(default_factory=list)  # one row each, in this order
@@ -319,9 +314,7 @@ def build_report(spec: ReportSpec) -> StageResult:
     train_ids = [r["train_run_id"] for r in rows if r["train_run_id"]]
     train, budget = training_rows(tracker, train_ids, spec.budget)
     out_dir = write_report(tracker, rows, train, budget, Path(spec.run_dir) / "report", spec.title)
-    from components.artifacts import ArtifactStore
-
-    store = ArtifactStore(spec.artifact_root or Path(spec.run_dir) / "artifacts")
+    store = spec.store()
     if spec.episodes:
         from flows.study import study_section
 

@@ -40,29 +40,8 @@ from components.evaluate import EvaluateSpec, evaluate
 from components.sft import SFTSpec, run_sft
 from components.train import TrainSpec, train
 from flows.cache import StageCache, code_version, key_material, stage_key
-from lopd_core.artifacts import ArtifactRef
 
 StageName = Literal["sft", "collect", "bank", "cold_start", "train", "evaluate", "report"]
-
-
-def run_evaluate(spec: EvaluateSpec) -> StageResult:
-    """The evaluate component as a StageResult (its own result type carries more than the pipeline needs)."""
-    out = evaluate(spec)
-    refs = {
-        "metrics": ArtifactRef.from_dict(out.metrics_ref),
-        "report": ArtifactRef.from_dict(out.report_ref),
-        "episodes": ArtifactRef.from_dict(out.trajectories_ref),
-    }
-    metrics = {f"{name}/headline": float(value) for name, value in out.headlines().items()}
-    metrics["seconds"] = float(out.seconds.get("total", 0.0))
-    text = ", ".join(f"{k} {v:.1f}" for k, v in out.headlines().items())
-    return StageResult(
-        stage="evaluate",
-        artifacts=refs,
-        metrics=metrics,
-        mlflow_run_id=out.run_id,
-        summary=f"{out.metrics['name']}: {text}",
-    )
 
 
 def _run_report(spec: BaseModel) -> StageResult:
@@ -83,7 +62,7 @@ RUNNERS: dict[str, tuple[Callable[[], type[BaseModel]], Callable[[Any], StageRes
     "bank": (lambda: BankSpec, bank),
     "cold_start": (lambda: ColdStartSpec, cold_start),
     "train": (lambda: TrainSpec, train),
-    "evaluate": (lambda: EvaluateSpec, run_evaluate),
+    "evaluate": (lambda: EvaluateSpec, evaluate),
     "report": (_report_spec_cls, _run_report),
 }
 

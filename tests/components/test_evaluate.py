@@ -4,11 +4,13 @@ the latent diagnostic and MLflow logging."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
+from components.common import StageResult
 from components.evaluate import EvaluateSpec, evaluate, load_spec, main
 from lopd_core.artifacts import ArtifactRef, sha256_path
 from lopd_core.config import apply_overrides
@@ -43,6 +45,24 @@ def tiny_spec(tmp: Path, **overrides) -> EvaluateSpec:
         **overrides,
     }
     return EvaluateSpec.model_validate(data)
+
+
+@dataclass
+class Evaluated:
+    """The stage's result and what its artifacts hold."""
+
+    result: StageResult
+    metrics: dict  # metrics.json
+    report: str  # report.md
+    out_dir: Path  # <run_dir>/evaluate
+
+
+def run_eval(spec: EvaluateSpec) -> Evaluated:
+    result = evaluate(spec)
+    assert result.stage == "evaluate" and set(result.artifacts) == {"metrics", "report", "episodes"}
+    store = spec.store()
+    report = store.get(result.artifacts["report"]).read_text()
+    return Evaluated(result, store.read_json(result.artifacts["metrics"]), report, Path(spec.run_dir) / "evaluate")
 
 
 # -- spec and CLI ------------------------------------------------------------------------------------------------
@@ -123,10 +143,10 @@ def test_cli_bad_spec_and_missing_data_exit_2(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_tiny_backbone_through_every_benchmark_is_deterministic(tmp_path: Path) -> None:
-    result = evaluate(tiny_spec(tmp_path / "a"))
+    result = run_eval(tiny_spec(tmp_path / "a"))
     metrics = result.metrics
     keys = ["toolworld", "bfcl", "humaneval", "humaneval_plus", "mbpp_plus", "lcb_v5", "lcb_v6", "envscaler"]
-    assert list(metrics["benchmarks"]) == keys and metrics["latent_eval"] is None
+    assert sorted(metrics["benchmarks"]) == sorted(keys) and metrics["latent_eval"] is None
     bench = metrics["benchmarks"]
     assert bench["toolworld"]["n_tasks"] == 2 and bench["bfcl"]["n_tasks"] == 2 and bench["humaneval"]["n_tasks"] == 2
     assert bench["lcb_v5"]["n_tasks"] == 2 and bench["lcb_v6"]["n_tasks"] == 1 and bench["envscaler"]["n_tasks"] == 2
@@ -139,16 +159,18 @@ def test_tiny_backbone_through_every_benchmark_is_deterministic(tmp_path: Path) 
     from components.artifacts import ArtifactStore
 
     store = ArtifactStore(tmp_path / "a" / "artifacts")
-    assert store.read_json(ArtifactRef.from_dict(result.metrics_ref)) == json.loads(json.dumps(metrics))
-    episodes = store.get(ArtifactRef.from_dict(result.trajectories_ref))
+    assert store.read_json(result.result.artifacts["metrics"]) == json.loads(json.dumps(metrics))
+    assert result.result.metrics == {**{f"{k}/headline": v["headline"]["value"] for k, v in bench.items()},
+                                     "seconds": result.result.metrics["seconds"]}  # fmt: skip
+    episodes = store.get(result.result.artifacts["episodes"])
     records = [json.loads(line) for line in (episodes / "records.jsonl").read_text().splitlines()]
     assert len(records) == sum(d["n_episodes"] for d in bench.values())
-    report = result.report_markdown
+    report = result.report
     assert "tab. 1" in report and "tab. 2" in report and "tab. 3" in report and "LCB avg" in report
     assert Path(result.out_dir, "report.md").read_text() == report
     # the same checkpoint (here the base backbone) gives the same numbers, byte for byte
-    again = evaluate(tiny_spec(tmp_path / "b"))
-    assert again.metrics_ref["sha256"] == result.metrics_ref["sha256"]
+    again = run_eval(tiny_spec(tmp_path / "b"))
+    assert again.result.artifacts["metrics"].sha256 == result.result.artifacts["metrics"].sha256
     assert sha256_path(Path(again.out_dir) / "records.jsonl") == sha256_path(Path(result.out_dir) / "records.jsonl")
 
 
@@ -196,11 +218,11 @@ def _trajectories(result) -> list[dict]:
 
 def test_a_checkpoint_is_evaluated_through_its_student(tmp_path: Path, lopd_run) -> None:
     ckpt, _ = lopd_run
-    result = evaluate(tiny_spec(tmp_path / "run", checkpoint=str(ckpt), benchmarks=BENCHMARKS_SMALL))
+    result = run_eval(tiny_spec(tmp_path / "run", checkpoint=str(ckpt), benchmarks=BENCHMARKS_SMALL))
     model = result.metrics["model"]
     assert model["kind"] == "lopd_checkpoint" and model["method"] == "lopd" and model["backbone"] == "tiny"
     assert result.metrics["name"].startswith("lopd ")
-    base = evaluate(tiny_spec(tmp_path / "base", benchmarks=BENCHMARKS_SMALL))
+    base = run_eval(tiny_spec(tmp_path / "base", benchmarks=BENCHMARKS_SMALL))
     assert base.metrics["model"]["kind"] == "base"
     student_tokens = [t["messages"][-1]["token_ids"] for t in _trajectories(result)]
     base_tokens = [t["messages"][-1]["token_ids"] for t in _trajectories(base)]
@@ -213,11 +235,11 @@ def test_latent_diagnostic_is_reported_apart(tmp_path: Path, lopd_run) -> None:
     spec = tiny_spec(
         tmp_path / "run", checkpoint=ckpt_ref, benchmarks=BENCHMARKS_SMALL, latent_eval=True, bank=snapshot.to_dict()
     )
-    result = evaluate(spec)
+    result = run_eval(spec)
     assert result.metrics["model"]["sha256"] == sha256_path(ckpt)
     assert list(result.metrics["latent_eval"]) == ["toolworld"]  # no latent context for code tasks
     assert result.metrics["latent_eval"]["toolworld"]["n_tasks"] == 2
-    assert "latent teacher (diagnostic" in result.report_markdown
+    assert "latent teacher (diagnostic" in result.report
     contexts = [t.get("context", "none") for t in _trajectories(result)]
     assert contexts.count("latent") == 2 and contexts.count("none") == 3
     # the snapshot's directory works as well as its reference
@@ -225,7 +247,7 @@ def test_latent_diagnostic_is_reported_apart(tmp_path: Path, lopd_run) -> None:
         tmp_path / "run2", checkpoint=str(ckpt), benchmarks=BENCHMARKS_SMALL[:1], latent_eval=True,
         bank=snapshot.uri.removeprefix("file://"),
     )  # fmt: skip
-    assert evaluate(spec_dir).metrics["latent_eval"] == result.metrics["latent_eval"]
+    assert run_eval(spec_dir).metrics["latent_eval"] == result.metrics["latent_eval"]
 
 
 @pytest.mark.slow
@@ -240,15 +262,15 @@ def test_metrics_are_logged_on_the_stage_run(tmp_path: Path) -> None:
         tmp_path, benchmarks=[{"name": "humaneval", "sample": 2}, {"name": "toolworld", "sample": 1}],
         tracking=True, parent_run_id=pipe.run_id, tags={"purpose": "test"},
     )  # fmt: skip
-    result = evaluate(spec)
+    result = run_eval(spec)
     client = MlflowClient(tracker.uri)
-    run = client.get_run(result.run_id)
+    run = client.get_run(result.result.mlflow_run_id)
     assert run.data.tags["stage"] == "evaluate" and run.data.tags["purpose"] == "test"
     assert run.data.tags["mlflow.parentRunId"] == pipe.run_id and run.data.tags["method"] == "lopd"
     metrics = run.data.metrics
     assert metrics["eval/humaneval/headline"] == result.metrics["benchmarks"]["humaneval"]["headline"]["value"]
     assert "eval/toolworld/overall/steps_per_task" in metrics and "time/total_s" in metrics
-    artifacts = {a.path for a in client.list_artifacts(result.run_id)}
+    artifacts = {a.path for a in client.list_artifacts(result.result.mlflow_run_id)}
     assert {"metrics", "report.md", "refs", "config.yaml"} <= artifacts
     assert run.data.params["backbone"] == "tiny"
     pipe.end()
