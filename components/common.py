@@ -159,57 +159,95 @@ def backbone_label(backbone: str, warm_start: ArtifactRef | None) -> str:
     return f"{backbone}+sft:{warm_start.sha256[:12]}" if warm_start is not None else backbone
 
 
-def run_stage_cli(spec_cls: type[SpecT], fn: Callable[[SpecT], StageResult], argv: list[str] | None = None) -> int:
-    """`python -m components.<stage> [--spec FILE] [key=value ...] [--out FILE] [--print-spec]`."""
+def load_stage_spec(spec_cls: type[SpecT], path: str | Path | None = None, overrides: list[str] | None = None) -> SpecT:
+    """A stage spec from a YAML/JSON file (optional) plus key=value overrides; errors name the file or the field."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"spec file {path} does not exist")
+        loaded = yaml.safe_load(path.read_text()) or {}  # YAML is a superset of JSON
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: expected a mapping of field: value")
+        data = loaded
+    apply_overrides(data, overrides or [])
+    try:
+        return spec_cls.model_validate(data)
+    except ValidationError as exc:
+        where = f" ({path})" if path else ""
+        raise ValueError(f"invalid {spec_cls.__name__}{where}:\n{explain(exc, spec_cls)}") from None
+
+
+def run_stage_cli(
+    spec_cls: type[SpecT],
+    fn: Callable[[SpecT], StageResult],
+    argv: list[str] | None = None,
+    epilog: str = "",
+    show: Callable[[SpecT, StageResult], None] | None = None,
+) -> int:
+    """`python -m components.<stage> [SPEC.yaml] [key=value ...] [--out FILE] [--print-spec]`: every stage's CLI.
+
+    Prints the StageResult as JSON (after `show`, e.g. evaluate's report). Exit codes: 0 done; 2 a bad spec, a
+    missing spec or data file."""
+    module = fn.__module__
+    if module == "__main__":  # run as `python -m components.<stage>`
+        module = getattr(sys.modules["__main__"].__spec__, "name", None) or module
     doc = (sys.modules[fn.__module__].__doc__ or "").strip()
     parser = argparse.ArgumentParser(
-        prog=f"python -m {fn.__module__}",
+        prog=f"python -m {module}",
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Fields (key=value overrides use dotted names, e.g. lopd.top_m=10):\n" + _fields_help(spec_cls),
+        epilog="Fields (YAML/JSON keys; key=value overrides use dotted names, e.g. lopd.top_m=10):\n"
+        + "\n".join(fields_help(spec_cls))
+        + (f"\n\n{epilog}" if epilog else "")
+        + "\n\nexit codes: 0 done; 2 bad spec, or a missing spec or data file.",
     )
-    parser.add_argument("--spec", help="a YAML or JSON file with the stage's parameters")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides (YAML values)")
+    parser.add_argument("args", nargs="*", metavar="[SPEC.yaml] key=value", help="a spec file, then overrides")
+    parser.add_argument("--spec", help="a YAML or JSON file with the stage's parameters (or give it first)")
     parser.add_argument("--out", help="write the result JSON here (it is always printed)")
     parser.add_argument("--print-spec", action="store_true", help="print the resolved spec as YAML and exit")
-    args = parser.parse_args(argv)
-    data: dict[str, Any] = {}
-    if args.spec:
-        path = Path(args.spec)
-        if not path.exists():
-            parser.error(f"spec file {path} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
+    ns = parser.parse_args(argv)
+    files = [a for a in ns.args if "=" not in a] + ([ns.spec] if ns.spec else [])
+    if len(files) > 1:
+        parser.error(f"at most one spec file, got {files}")
     try:
-        apply_overrides(data, args.overrides)
-    except ValueError as exc:
-        parser.error(str(exc))
-    try:
-        spec = spec_cls.model_validate(data)
-    except ValidationError as exc:
-        parser.error(f"invalid {spec_cls.__name__}:\n{explain(exc, spec_cls)}")
-    if args.print_spec:
+        spec = load_stage_spec(spec_cls, files[0] if files else None, [a for a in ns.args if "=" in a])
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if ns.print_spec:
         print(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
         return 0
-    result = fn(spec)
+    try:
+        result = fn(spec)
+    except FileNotFoundError as exc:  # a data file, checkpoint or artifact that is not there
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if show is not None:
+        show(spec, result)
     text = result.model_dump_json(indent=2)
-    if args.out:
-        Path(args.out).write_text(text)
+    if ns.out:
+        Path(ns.out).write_text(text)
     print(text)
     return 0
 
 
-def _fields_help(spec_cls: type[BaseModel], prefix: str = "") -> str:
+def fields_help(model: type[BaseModel], prefix: str = "", expand: bool = True) -> list[str]:
+    """One line per field, nested models flattened to dotted names: `  name = default — description`."""
     lines = []
-    for name, field in spec_cls.model_fields.items():
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel) and not issubclass(ann, StageResult):
-            lines.append(_fields_help(ann, f"{prefix}{name}."))
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        nested = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        if expand and nested is not None:
+            lines += fields_help(nested, f"{prefix}{name}.")
             continue
-        default = field.default if field.default is not None else "-"
-        if field.default_factory is not None:
-            default = "(empty)"
-        lines.append(f"  {prefix}{name} = {json.dumps(default, default=str)}")
-    return "\n".join(lines)
+        default = "(required)" if info.is_required() else info.get_default(call_default_factory=True)
+        if default is None:
+            default = "-"
+        shown = default if isinstance(default, str) else json.dumps(default, default=str)
+        doc = f" — {info.description}" if info.description else ""
+        lines.append(f"  {prefix}{name} = {shown}{doc}")
+    return lines
 
 
 def start_tracking(

@@ -26,10 +26,8 @@ diagnostic of what the context is worth, not a result of the student.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -38,13 +36,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from components.artifacts import ArtifactStore
-from components.common import StageResult, StageSpec, open_suite
+from components.common import StageResult, StageSpec, fields_help, load_stage_spec, open_suite, run_stage_cli
 from lopd_core.artifacts import ArtifactRef, sha256_json, sha256_path
-from lopd_core.config import apply_overrides, explain
 from lopd_core.conversation import Trajectory
 from lopd_core.envs.base import Suite, Task, WithValidation
 from lopd_core.evaluation.code import CodeExecConfig, CodeSuite
@@ -520,92 +516,30 @@ def _track(
 
 def load_spec(path: str | Path | None = None, overrides: list[str] | None = None) -> EvaluateSpec:
     """A spec from a YAML/JSON file (optional) plus key=value overrides; errors name the file or the field."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"spec file {path} does not exist")
-        loaded = yaml.safe_load(path.read_text())  # YAML is a superset of JSON
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: expected a mapping of field: value")
-        data = loaded
-    apply_overrides(data, overrides or [])
-    try:
-        return EvaluateSpec.model_validate(data)
-    except ValidationError as exc:
-        raise ValueError(
-            f"invalid evaluation spec{f' ({path})' if path else ''}:\n{explain(exc, EvaluateSpec)}"
-        ) from None
+    return load_stage_spec(EvaluateSpec, path, overrides)
 
 
-def _fields_help(model: type[BaseModel], prefix: str = "") -> list[str]:
-    lines = []
-    for name, info in model.model_fields.items():
-        annotation = info.annotation
-        nested = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-        if nested is not None and nested is not BenchmarkSpec:
-            lines += _fields_help(nested, f"{prefix}{name}.")
-            continue
-        if info.is_required():
-            default = "(required)"
-        else:
-            default = info.get_default(call_default_factory=True)
-        if name == "benchmarks":
-            default = "toolworld, bfcl, humaneval"
-        if model is BenchmarkSpec and name == "name":
-            default = "(required) one of " + ", ".join(BENCHMARK_NAMES)
-        doc = f" — {info.description}" if info.description else ""
-        lines.append(f"  {prefix}{name} = {default!s}{doc}")
-    return lines
-
-
-def _cli_help() -> str:
-    bench = "\n".join(_fields_help(BenchmarkSpec, "    "))
+def _epilog() -> str:
+    bench = fields_help(BenchmarkSpec, "    ", expand=False)
+    bench = [line.replace("name = (required)", "name = (required) one of " + ", ".join(BENCHMARK_NAMES), 1)
+             for line in bench]  # fmt: skip
     return (
-        (__doc__ or "")
-        + "\nspec fields (YAML/JSON file keys; override with key=value, nested with dots):\n"
-        + "\n".join(_fields_help(EvaluateSpec))
-        + "\n\n  each benchmarks entry (a name, or a mapping):\n"
-        + bench
+        "Each benchmarks entry (a name, or a mapping; default: toolworld, bfcl, humaneval):\n"
+        + "\n".join(bench)
         + "\n\nexamples:\n"
         "  python -m components.evaluate backbone=smollm2-135m 'benchmarks=[humaneval]' code.timeout_s=5\n"
         "  python -m components.evaluate eval.yaml checkpoint=runs/r1/checkpoints/step-100 latent_eval=true "
         "bank=runs/r1/bank-snapshot\n"
-        "  python -m components.evaluate 'benchmarks=[{name: livecodebench, key: lcb_v6, path: lcb/test6.jsonl}]'\n"
-        "\nexit codes: 0 done; 2 bad spec or missing data file.\n"
+        "  python -m components.evaluate 'benchmarks=[{name: livecodebench, key: lcb_v6, path: lcb/test6.jsonl}]'"
     )
+
+
+def _show_report(spec: EvaluateSpec, result: StageResult) -> None:
+    print(spec.store().get(result.artifacts["report"]).read_text())
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m components.evaluate",
-        description="Evaluate a checkpoint or a backbone on held-out tasks and benchmarks.",
-        epilog=_cli_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("args", nargs="*", help="[SPEC.yaml|SPEC.json] [key=value ...]")
-    parser.add_argument("--print-spec", action="store_true", help="print the resolved spec as YAML and exit")
-    ns = parser.parse_args(argv)
-    files = [a for a in ns.args if "=" not in a]
-    overrides = [a for a in ns.args if "=" in a]
-    if len(files) > 1:
-        parser.error(f"at most one spec file, got {files}")
-    try:
-        spec = load_spec(files[0] if files else None, overrides)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if ns.print_spec:
-        print(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
-        return 0
-    try:
-        result = evaluate(spec)
-    except FileNotFoundError as exc:  # a benchmark file or checkpoint that is not there
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(spec.store().get(result.artifacts["report"]).read_text())
-    print(result.model_dump_json(indent=2))
-    return 0
+    return run_stage_cli(EvaluateSpec, evaluate, argv, epilog=_epilog(), show=_show_report)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,8 @@ def test_lopd_train_needs_bank_and_composer(chain):
 def test_stage_cli_help_and_spec_errors():
     out = subprocess.run([sys.executable, "-m", "components.train", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "lopd.top_m" in out.stdout and "schedule.steps" in out.stdout
+    assert out.stdout.startswith("usage: python -m components.train ")  # not `python -m __main__`
+    assert "PydanticUndefined" not in out.stdout and "  dataset = (required)" in out.stdout
     bad = subprocess.run([sys.executable, "-m", "components.collect", "n_tasks=0", "--print-spec"],
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "n_tasks" in bad.stderr
