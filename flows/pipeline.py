@@ -28,16 +28,11 @@ from prefect.runtime import flow_run
 from prefect.tasks import exponential_backoff
 from pydantic import BaseModel
 
-from components.bank import BankSpec
-from components.cold_start import ColdStartSpec
-from components.collect import CollectSpec
 from components.common import StageResult
-from components.evaluate import EvaluateSpec
-from components.sft import SFTSpec
 from components.tracking import Tag, Tracker, redact
-from components.train import TrainSpec
 from flows.config import PipelineConfig
-from flows.report import ARM_TAG, LABEL_TAG, TRAIN_RUN_TAG, ReportSpec
+from flows.report import ReportSpec
+from flows.specs import bank_spec, cold_start_spec, collect_spec, common_fields, evaluate_spec, sft_spec, train_spec
 from flows.stages import StageContext, retry_transient, stage_key, stage_task
 from lopd_core.artifacts import ArtifactRef
 
@@ -168,158 +163,6 @@ def stage_context(cfg: PipelineConfig) -> StageContext:
     )
 
 
-def _common(cfg: PipelineConfig, parent_run_id: str, tags: dict[str, str]) -> dict[str, Any]:
-    return {
-        "run_dir": str(cfg.resolved_run_dir()),
-        "artifact_root": cfg.resolved_artifact_root(),
-        "tracking_uri": cfg.resolved_tracking_uri(),
-        "experiment": cfg.experiment,
-        "parent_run_id": parent_run_id,
-        "tags": tags,
-    }
-
-
-def sft_spec(cfg: PipelineConfig, common: dict[str, Any]) -> SFTSpec:
-    assert cfg.sft is not None
-    return SFTSpec(
-        **common,
-        backbone=cfg.backbone,
-        suite=cfg.suite,
-        validation_fraction=cfg.validation_fraction,
-        difficulties=cfg.train.difficulties,
-        sft=cfg.sft,
-        threads=cfg.threads,
-    )
-
-
-def collect_spec(cfg: PipelineConfig, common: dict[str, Any], warm: ArtifactRef | None = None) -> CollectSpec:
-    c = cfg.collect
-    return CollectSpec(
-        **common,
-        backbone=cfg.backbone,
-        warm_start=warm,
-        suite=cfg.suite,
-        validation_fraction=cfg.validation_fraction,
-        n_tasks=c.n_tasks,
-        difficulties=c.difficulties,
-        samples_per_task=c.samples_per_task,
-        rollout=c.rollout,
-        success_threshold=cfg.success_threshold,
-        seed=c.seed,
-        threads=cfg.threads,
-    )
-
-
-def bank_spec(cfg: PipelineConfig, common: dict[str, Any], dataset: ArtifactRef) -> BankSpec:
-    return BankSpec(
-        **common,
-        dataset=dataset,
-        suite=cfg.suite,
-        bank_location=cfg.resolved_bank_location(),
-        bank_name=cfg.bank.name,
-        embedder=cfg.bank.embedder,
-        success_threshold=cfg.success_threshold,
-    )
-
-
-def cold_start_spec(
-    cfg: PipelineConfig,
-    common: dict[str, Any],
-    seed: int,
-    dataset: ArtifactRef,
-    snapshot: ArtifactRef,
-    warm: ArtifactRef | None = None,
-) -> ColdStartSpec:
-    return ColdStartSpec(
-        **common,
-        backbone=cfg.backbone,
-        warm_start=warm,
-        suite=cfg.suite,
-        dataset=dataset,
-        bank_snapshot=snapshot,
-        lopd=cfg.method_config("lopd", seed),
-        cold=cfg.cold_start,
-        success_threshold=cfg.success_threshold,
-        threads=cfg.threads,
-    )
-
-
-def train_spec(
-    cfg: PipelineConfig,
-    common: dict[str, Any],
-    arm: str,
-    seed: int,
-    dataset: ArtifactRef,
-    snapshot: ArtifactRef,
-    composer: ArtifactRef | None,
-    warm: ArtifactRef | None = None,
-) -> TrainSpec:
-    """Only LOPD reads the bank and the composer: a baseline's training does not depend on them."""
-    method_cfg, t = cfg.arm_config(arm)
-    lopd = method_cfg.method == "lopd"
-    return TrainSpec(
-        **{**common, "tags": {**common["tags"], ARM_TAG: arm}},
-        backbone=cfg.backbone,
-        warm_start=warm,
-        suite=cfg.suite,
-        validation_fraction=cfg.validation_fraction,
-        dataset=dataset,
-        bank_snapshot=snapshot if lopd else None,
-        composer=composer if lopd else None,
-        lopd=method_cfg.model_copy(update={"seed": seed}),
-        schedule=t.schedule,
-        rollout=t.rollout,
-        n_train_tasks=t.n_train_tasks,
-        difficulties=t.difficulties,
-        threads=cfg.threads,
-    )
-
-
-def evaluate_spec(
-    cfg: PipelineConfig,
-    common: dict[str, Any],
-    label: str,
-    method: str,
-    seed: int | None,
-    train: StageResult | None,
-    bank: StageResult | None,
-    warm: ArtifactRef | None = None,
-    arm: str | None = None,
-) -> EvaluateSpec:
-    ev = cfg.evaluate
-    checkpoint = train.artifacts["checkpoint"].to_dict() if train else None
-    latent = ev.latent_eval and method == "lopd" and bank is not None
-    tags = {**common["tags"], "method": method, LABEL_TAG: label, ARM_TAG: arm or method}
-    if seed is not None:
-        tags["seed"] = str(seed)
-    if train is not None and train.mlflow_run_id:
-        tags[TRAIN_RUN_TAG] = train.mlflow_run_id
-    return EvaluateSpec(
-        backbone=cfg.backbone,
-        warm_start=warm.to_dict() if warm is not None else None,
-        validation_fraction=cfg.validation_fraction,
-        checkpoint=checkpoint,
-        name=label,
-        benchmarks=ev.benchmarks,
-        decoding=ev.decoding,
-        rollout=ev.rollout,
-        seed=ev.seed,
-        latent_eval=latent,
-        bank=bank.artifacts["bank_snapshot"].to_dict() if latent and bank else None,
-        run_dir=common["run_dir"],
-        artifact_root=common["artifact_root"],
-        tracking=True,
-        tracking_uri=common["tracking_uri"],
-        experiment=common["experiment"],
-        parent_run_id=common["parent_run_id"],
-        tags=tags,
-        threads=cfg.threads,
-    )
-
-
-# ------------------------------------------------------------------------------------------------ the flow
-
-
 @flow(name="lopd-pipeline", log_prints=True)
 def lopd_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
     """collect -> bank -> cold-start -> train -> evaluate -> report for every method x seed of `config`."""
@@ -335,7 +178,7 @@ def lopd_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
     prefect_tags = {
         k: v for k, v in {Tag.PREFECT_FLOW_RUN_ID: flow_run_id, Tag.PREFECT_FLOW_RUN_URL: flow_run_url}.items() if v
     }
-    common = _common(cfg, pipe, prefect_tags)
+    common = common_fields(cfg, pipe, prefect_tags)
     ctx = stage_context(cfg)
     outcomes: list[Outcome] = []
 
