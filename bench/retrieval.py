@@ -36,12 +36,16 @@ import json
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import numpy as np
+
+# This checkout's `components`, not whichever one the virtualenv's editable install points at.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.memory import TIE_MARGIN
 from components.memory_backends import (
