@@ -40,13 +40,14 @@ class SearchSettings:
     The rule: exact search below `exact_below` entries; at and above it, HNSW only where it has been
     measured on this bank's own vectors to keep recall@3 >= `min_recall`, and exact search otherwise.
     HNSW's recall depends on the data, not only on (m, ef): on embedding-like (clustered) 384-d vectors
-    m=16/ef=128 gives recall@3 1.0 at 100k in ~4 ms, while on uniformly random directions it gives 0.17,
-    and even ef=2048 only 0.85 at ~22 ms, slower than the exact scan (~15 ms under load). No (m, ef) meets
-    recall 0.95 within 5 ms on such data, so the bank measures instead of promising (`probe_hnsw_recall`).
+    m=16/ef=128 gives recall@3 1.0 at 100k in 1.4-4 ms, while on uniformly random directions it gives
+    0.15-0.23, and even ef=2048 only 0.85 at ~22 ms, slower than the exact scan (9-16 ms on busy cores).
+    HNSW cannot promise recall 0.95 within 5 ms on such data, so the bank measures it on its own vectors
+    instead (`probe_hnsw_recall`); figures and commands in docs/memory.md.
     """
 
-    # Exact search below this many entries: the exact scan costs ~3-4 ms at 10-20k entries on these
-    # machines, so HNSW cannot buy anything there; it is also the size at which the engine builds HNSW.
+    # Exact search below this many entries: the exact scan costs a few ms there (p50 1.6-6.8 ms at 10k,
+    # ~3 ms at 20k, 2 busy cores), so HNSW buys little; it is also the size at which the engine builds HNSW.
     exact_below: int = 20_000
     # HNSW graph degree and build beam. Qdrant's defaults; m=16 reaches recall 1.0 on clustered data.
     hnsw_m: int = 16
@@ -54,13 +55,14 @@ class SearchSettings:
     # HNSW search beam: recall@3 1.0 on clustered 100k at p50 ~4 ms. Raising it does not rescue uniform
     # data within the latency budget (ef 512: 0.48 at ~5 ms; ef 2048: 0.85 at ~22 ms, 100k, 2 busy cores).
     hnsw_ef: int = 128
-    # Qdrant's filtered-search switch to a full scan, in KB of vectors (the server's default). Our only
-    # filter ("task_id is not X") excludes a handful of entries, so the planner always keeps HNSW for it.
+    # Qdrant's filtered-search switch to a full scan, in KB of vectors (the server's default): a segment
+    # whose matching vectors are fewer (~6.6k entries at 384-d) is scanned exactly. Our only filter
+    # ("task_id is not X") excludes a handful of entries, so larger segments keep HNSW for it.
     full_scan_threshold_kb: int = 10_000
     # HNSW is used only where its measured recall@3 against exact search is at least this.
     min_recall: float = 0.95
     # Stored entries used as queries (own task excluded, as `retrieve` does) to measure that recall:
-    # 64 queries x 3 neighbours tell 0.9 from 1.0 reliably and cost ~1-3 s, once per 10% growth.
+    # 64 queries x 3 neighbours tell 0.9 from 1.0 reliably and cost ~0.5-1 s at 100k, once per 10% growth.
     recall_probes: int = 64
     # Re-measure once the bank has grown by this factor since the last measurement.
     reprobe_growth: float = 1.1
