@@ -9,8 +9,9 @@
 
 Each entry is a task plus a compact action-result trace (observations omitted). Documents embed
 "Task: ...\nTrace:\n..." (task + trace); queries embed the task behind an instruction prompt (app. A.3).
-Search is inner product over L2-normalised vectors: exact below `SearchSettings.exact_below` entries,
-HNSW above it.
+Search is inner product over L2-normalised vectors: exact below `SearchSettings.exact_below` entries;
+above it HNSW where HNSW is measured to keep recall@3 >= `SearchSettings.min_recall` on the bank's own
+vectors, exact search where it does not (`memory_backends.probe_hnsw_recall`).
 
 Guards (the summary's pitfalls): a query never retrieves its own task's entries (a filter inside the
 engine, so k results still come back); only training-split successes may enter the bank (an evaluation
@@ -43,7 +44,14 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from components.memory_backends import Backend, ClientBackend, EdgeBackend, SearchSettings, edge_available
+from components.memory_backends import (
+    Backend,
+    ClientBackend,
+    EdgeBackend,
+    SearchSettings,
+    edge_available,
+    probe_hnsw_recall,
+)
 from components.memory_embedders import Embedder, HashingEmbedder, SentenceTransformerEmbedder, make_embedder
 from lopd_core.artifacts import ArtifactRef, sha256_path
 from lopd_core.conversation import Message, Trajectory
@@ -296,6 +304,9 @@ class ExperienceBank:
         self.search = SearchSettings.from_dict(manifest["search"])
         self.min_reward = float(manifest["min_reward"])
         self._count = backend.count()
+        # HNSW recall@3 measured on this bank (None: not measured at this size yet) and the count then.
+        self._hnsw_recall: float | None = None
+        self._probed_count = 0
         self._query_cache: dict[str, np.ndarray] = {}
         self._warned_self_retrieval = False
 
@@ -632,12 +643,31 @@ class ExperienceBank:
             self._query_vector(task),
             k + TIE_MARGIN,
             exclude_task_id=None if allow_self_retrieval else task_id,
-            exact=self._count < self.search.exact_below,
+            exact=self._exact(),
         )
         # Equal scores come back in storage order, which differs between engines and after a restore:
         # order ties by point id so the same bank content always gives the same top k.
         hits.sort(key=lambda h: (-round(h.score, 6), h.point_id))
         return [Experience.from_payload(h.payload, score=h.score) for h in hits[:k]]
+
+    def _exact(self) -> bool:
+        """Exact search, or HNSW where it was measured to keep recall (see `SearchSettings`)."""
+        settings = self.search
+        if self._count < settings.exact_below or not self._backend.approximate:
+            return True
+        if self._hnsw_recall is None or self._count >= settings.reprobe_growth * self._probed_count:
+            self._hnsw_recall = probe_hnsw_recall(self._backend, settings)
+            self._probed_count = self._count
+            logger.info(
+                "bank %s: HNSW recall@3 %.3f on %d of its %d entries (minimum %.2f): %s search",
+                self.name,
+                self._hnsw_recall,
+                min(settings.recall_probes, self._count),
+                self._count,
+                settings.min_recall,
+                "exact" if self._hnsw_recall < settings.min_recall else "HNSW",
+            )
+        return settings.use_exact(self._count, self._hnsw_recall)
 
     def retriever(self, k: int = 3, *, allow_self_retrieval: bool = False) -> Retriever:
         return Retriever(self, k=k, allow_self_retrieval=allow_self_retrieval)
@@ -685,7 +715,8 @@ class ExperienceBank:
             "embedder": self.manifest["embedder"],
             "dim": self.manifest["dim"],
             "min_reward": self.min_reward,
-            "search": "exact" if count < self.search.exact_below else "hnsw",
+            "search": "exact" if self._exact() else "hnsw",
+            "hnsw_recall": self._hnsw_recall,  # measured recall@3 of HNSW on this bank (None: not measured)
             "search_settings": self.search.to_dict(),
         }
 

@@ -34,31 +34,56 @@ SCROLL_BATCH = 512
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """Exact search below `exact_below` entries; HNSW with these parameters at and above it."""
+    """How the bank searches: the one place for these values. Fixed when a bank is created (its manifest
+    records them); `bench/retrieval.py` measures them (figures in docs/memory.md, "Search").
 
+    The rule: exact search below `exact_below` entries; at and above it, HNSW only where it has been
+    measured on this bank's own vectors to keep recall@3 >= `min_recall`, and exact search otherwise.
+    HNSW's recall depends on the data, not only on (m, ef): on embedding-like (clustered) 384-d vectors
+    m=16/ef=128 gives recall@3 1.0 at 100k in 1.4-4 ms, while on uniformly random directions it gives
+    0.15-0.23, and even ef=2048 only 0.85 at ~22 ms, slower than the exact scan (9-16 ms on busy cores).
+    HNSW cannot promise recall 0.95 within 5 ms on such data, so the bank measures it on its own vectors
+    instead (`probe_hnsw_recall`); figures and commands in docs/memory.md.
+    """
+
+    # Exact search below this many entries: the exact scan costs a few ms there (p50 1.6-6.8 ms at 10k,
+    # ~3 ms at 20k, 2 busy cores), so HNSW buys little; it is also the size at which the engine builds HNSW.
     exact_below: int = 20_000
+    # HNSW graph degree and build beam. Qdrant's defaults; m=16 reaches recall 1.0 on clustered data.
     hnsw_m: int = 16
     hnsw_ef_construct: int = 100
+    # HNSW search beam: recall@3 1.0 on clustered 100k at p50 ~4 ms. Raising it does not rescue uniform
+    # data within the latency budget (ef 512: 0.48 at ~5 ms; ef 2048: 0.85 at ~22 ms, 100k, 2 busy cores).
+    # Nor does m=32/ef_construct=200 (13 min to build 100k; ef 1024: 0.93 at ~20 ms).
     hnsw_ef: int = 128
-    # Qdrant's filtered-search switch to a full scan, in KB of vectors (the server's default).
+    # Qdrant's filtered-search switch to a full scan, in KB of vectors (the server's default): a segment
+    # whose matching vectors are fewer (~6.6k entries at 384-d) is scanned exactly. Our only filter
+    # ("task_id is not X") excludes a handful of entries, so larger segments keep HNSW for it.
     full_scan_threshold_kb: int = 10_000
+    # HNSW is used only where its measured recall@3 against exact search is at least this.
+    min_recall: float = 0.95
+    # Stored entries used as queries (own task excluded, as `retrieve` does) to measure that recall:
+    # 64 queries x 3 neighbours tell 0.9 from 1.0 reliably and cost ~0.5-1 s at 100k, once per 10% growth.
+    recall_probes: int = 64
+    # Re-measure once the bank has grown by this factor since the last measurement.
+    reprobe_growth: float = 1.1
 
     def indexing_threshold_kb(self, dim: int) -> int:
         """Segment size (KB of float32 vectors) at which the engine builds HNSW: about `exact_below` entries."""
         return max(1, self.exact_below * dim * 4 // 1024)
 
-    def to_dict(self) -> dict[str, int]:
-        return {
-            "exact_below": self.exact_below,
-            "hnsw_m": self.hnsw_m,
-            "hnsw_ef_construct": self.hnsw_ef_construct,
-            "hnsw_ef": self.hnsw_ef,
-            "full_scan_threshold_kb": self.full_scan_threshold_kb,
-        }
+    def use_exact(self, count: int, hnsw_recall: float | None) -> bool:
+        """Exact search for a bank of `count` entries whose HNSW recall@3 was measured as `hnsw_recall`."""
+        return count < self.exact_below or hnsw_recall is None or hnsw_recall < self.min_recall
+
+    def to_dict(self) -> dict[str, int | float]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SearchSettings:
-        return cls(**{k: int(v) for k, v in data.items() if k in cls.__dataclass_fields__})
+        """Settings from a manifest; fields an older manifest lacks take today's defaults."""
+        kinds = {name: type(getattr(cls, name)) for name in cls.__dataclass_fields__}
+        return cls(**{k: kinds[k](v) for k, v in data.items() if k in kinds})
 
 
 @dataclass
@@ -70,6 +95,7 @@ class Hit:
 
 class Backend(Protocol):
     kind: str  # "edge" | "local" | "memory" | "server"
+    approximate: bool  # whether `search(..., exact=False)` may use HNSW (local mode is always exact)
 
     def existing_ids(self, ids: list[str]) -> set[str]: ...
 
@@ -98,6 +124,31 @@ def _vector_list(vector: Any) -> list[float]:
     return [float(x) for x in vector]
 
 
+def probe_hnsw_recall(backend: Backend, settings: SearchSettings, k: int = 3) -> float:
+    """recall@k of the engine's HNSW search against its exact search, on this bank's own vectors.
+
+    The first `settings.recall_probes` stored entries (in point-id order: ids are hashes, so a fixed
+    pseudo-random sample) are the queries, each with its own task excluded as `retrieve` does; a hit
+    counts as found when it scores at least the exact k-th score (ties count). 1.0 for an engine that
+    is always exact. On a server that is still indexing in the background the figure describes the
+    index as it stands (unindexed segments are searched exactly).
+    """
+    if not backend.approximate:
+        return 1.0
+    found = total = 0
+    probes = backend.scroll(with_vectors=True)
+    for _, (_pid, payload, vector) in zip(range(settings.recall_probes), probes, strict=False):
+        own = payload.get("task_id")
+        truth = backend.search(vector, k, own, exact=True)
+        if not truth:
+            continue
+        kth = min(h.score for h in truth)
+        got = backend.search(vector, k, own, exact=False)[:k]
+        found += sum(h.score >= kth - 1e-5 for h in got)
+        total += len(truth)
+    return found / total if total else 1.0
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Qdrant Edge
 # ---------------------------------------------------------------------------------------------------------
@@ -115,6 +166,7 @@ class EdgeBackend:
     """One Qdrant Edge shard in a directory. Single process: the bank holds a lock file beside it."""
 
     kind = "edge"
+    approximate = True
 
     def __init__(self, path: Path, dim: int, search: SearchSettings, create: bool) -> None:
         import qdrant_edge as qe
@@ -217,6 +269,7 @@ class ClientBackend:
         self.client = client
         self.collection = collection
         self.kind = kind
+        self.approximate = kind == "server"  # local mode is always exact
         self.search_settings = search
         self.url = url
         self.api_key = api_key
