@@ -2,7 +2,7 @@
 
 Engines: Qdrant Edge (`qdrant-edge-py`, the default for directory banks) and qdrant-client local mode
 (the embedded Qdrant of qdrant-client, run in memory), driven through the bank's own backends
-(`components.memory_backends`) with the bank's default `SearchSettings` and the bank's rule: exact below
+(`components.memory.backends`) with the bank's default `SearchSettings` and the bank's rule: exact below
 20k entries; at and above, HNSW (m=16, ef_construct=100, ef=128) only if `probe_hnsw_recall` measures
 recall@3 >= 0.95 on the loaded vectors, exact search otherwise ("mode"; "hnsw_probe_recall"). For Qdrant
 Edge at and above 20k the other mode is measured as well on 50 queries ("hnsw_forced" / "exact_forced"),
@@ -48,7 +48,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.memory import TIE_MARGIN
-from components.memory_backends import (
+from components.memory.backends import (
     Backend,
     ClientBackend,
     EdgeBackend,

@@ -3,7 +3,7 @@
 lopd run configs/demo.yaml                        # the whole pipeline in this process (Prefect's ephemeral API)
 lopd run configs/tiny.yaml -s seeds='[0, 1]'      # dotted overrides
 lopd run configs/demo.yaml -d lopd-pipeline/local # as a run of a deployment on a Prefect server
-lopd bank stats -l runs/demo/bank                 # the experience memory (components.memory_cli)
+lopd bank stats -l runs/demo/bank                 # the experience memory (components.memory.cli)
 lopd study configs/study-cpu.yaml               # methods x seeds at an equal budget from one warm start
 lopd eval backbone=smollm2-135m 'benchmarks=[toolworld]'   # the evaluate stage on its own
 lopd compare --run-dir runs/demo                  # compare runs from MLflow
@@ -22,7 +22,7 @@ from typing import Annotated, Any
 
 import typer
 
-from components.memory_cli import bank_app
+from components.memory.cli import bank_app
 
 ROOT = Path(__file__).resolve().parents[1]
 PROCESS_POOL = "lopd-process"

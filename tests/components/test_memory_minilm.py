@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from components.memory import Experience, ExperienceBank
-from components.memory_embedders import DEFAULT_QUERY_PROMPT, SentenceTransformerEmbedder
+from components.memory.embedders import DEFAULT_QUERY_PROMPT, SentenceTransformerEmbedder
 
 TASKS = [
     ("own", "Book a flight from Paris to Rome for next Monday", "search_flights(PAR, ROM) -> 4\nbook(2) -> ok"),

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from components.memory import Experience, ExperienceBank, SearchSettings
-from components.memory_backends import edge_available
+from components.memory.backends import edge_available
 
 DIM, N, PER_TASK, K, QUERIES = 128, 1500, 3, 3, 40
 WEAK_HNSW = SearchSettings(

@@ -90,7 +90,8 @@ def test_stage_cli_help_and_spec_errors():
 def test_a_failed_train_run_releases_the_bank_lock(chain, monkeypatch):
     """The train stage's bank is locked while it runs; a run that fails must not leave it locked."""
     import components.train as train_module
-    from components.memory import LOCK_FILE, ExperienceBank
+    from components.memory import LOCK_FILE
+    from components.memory.storage import lock_dir
 
     def broken_loop(*args, **kwargs):
         raise RuntimeError("rollout worker died")
@@ -103,7 +104,7 @@ def test_a_failed_train_run_releases_the_bank_lock(chain, monkeypatch):
     locks = sorted(spec.stage_dir("train").glob(f"**/{LOCK_FILE}"))
     assert locks, "the train stage restored no bank"
     for lock in locks:
-        ExperienceBank._lock_dir(lock.parent).close()  # raises "in use by another process" if still held
+        lock_dir(lock.parent).close()  # raises "in use by another process" if still held
 
 
 def test_lopd_refuses_an_empty_bank_unless_allowed(chain, tmp_path, caplog):

@@ -1,11 +1,11 @@
 """`lopd bank ...`: ingest, query, stats, snapshot, restore and audit an experience bank.
 
-Runs on its own as `python -m components.memory_cli ingest|query|stats|snapshot|restore|audit`; the
+Runs on its own as `python -m components.memory.cli ingest|query|stats|snapshot|restore|audit`; the
 orchestration CLI mounts `bank_app` as `lopd bank`. Every command prints one JSON object on stdout.
 
-    python -m components.memory_cli ingest runs/collect/trajectories.jsonl --location runs/bank --name envscaler
-    python -m components.memory_cli query "Book a flight to Rome" --task-id t-17 --location runs/bank
-    python -m components.memory_cli audit --eval data/eval.jsonl --location runs/bank   # exit 1 on a leak
+    python -m components.memory.cli ingest runs/collect/trajectories.jsonl --location runs/bank --name envscaler
+    python -m components.memory.cli query "Book a flight to Rome" --task-id t-17 --location runs/bank
+    python -m components.memory.cli audit --eval data/eval.jsonl --location runs/bank   # exit 1 on a leak
 
 Exit codes: 0 ok; 1 an audit found evaluation data; 2 bad input (an evaluation-split record offered to
 the bank, a mismatched embedder, an unreadable file).
