@@ -175,6 +175,9 @@ class TrainStep:
             )
         metrics.update(n_overlength=float(n_over), n_no_context=float(n_no_context), n_records=float(len(views)))
         inputs = self._collate(views) if views else None
+        if inputs is not None and self.cfg.gradient_checkpointing == "auto":  # on for long sequences
+            longest = max(inputs.s_batch.input_ids.shape[1], inputs.t_batch.input_ids.shape[1])
+            self.models.set_gradient_checkpointing(longest >= self.cfg.gradient_checkpointing_min_len)
         totals = self._global_totals(inputs)
         if not (totals["n_records_global"] if totals else views):
             return self._finish(metrics, t0, updated=False)
