@@ -16,6 +16,7 @@ k8s/schemas/pytorchjob-v1.json (the subset of the CRD's schema that we render; t
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -79,8 +80,8 @@ def render_pytorchjob(
     labels = {"app.kubernetes.io/part-of": "lopd", "lopd/stage": stage}
 
     def replica(count: int) -> dict[str, Any]:
-        return {"replicas": count, "restartPolicy": "OnFailure",
-                "template": {"metadata": {"labels": labels}, "spec": pod_spec}}  # fmt: skip
+        template = {"metadata": {"labels": dict(labels)}, "spec": copy.deepcopy(pod_spec)}
+        return {"replicas": count, "restartPolicy": "OnFailure", "template": template}
 
     replicas = {"Master": replica(1)}
     if nodes > 1:
@@ -88,7 +89,7 @@ def render_pytorchjob(
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
         "spec": {
             "nprocPerNode": str(gpus_per_node),
             "runPolicy": {"backoffLimit": 2, "cleanPodPolicy": "None", "ttlSecondsAfterFinished": 86400},
@@ -105,3 +106,34 @@ def pod_documents(job: dict[str, Any]) -> list[dict[str, Any]]:
         metadata = {**template.get("metadata", {}), "name": f"{job['metadata']['name']}-{role.lower()}"}
         out.append({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]})
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m flows.pytorchjob SPEC.yaml --nodes 2 --gpus-per-node 8 --image IMAGE [--pvc lopd-runs]`: print
+    the train stage's PyTorchJob as YAML (for `kubectl apply -f -`)."""
+    import argparse
+
+    import yaml
+
+    from components.train import TrainSpec
+
+    ap = argparse.ArgumentParser(prog="python -m flows.pytorchjob", description=main.__doc__)
+    ap.add_argument("spec", help="the train stage's spec (YAML or JSON, as `python -m components.train --spec`)")
+    ap.add_argument("--nodes", type=int, required=True)
+    ap.add_argument("--gpus-per-node", type=int, required=True)
+    ap.add_argument("--image", required=True)
+    ap.add_argument("--name", default="lopd-train")
+    ap.add_argument("--namespace", default="lopd")
+    ap.add_argument("--pvc", default="lopd-runs", help="a ReadWriteMany claim mounted at the spec's run_dir")
+    args = ap.parse_args(argv)
+    with open(args.spec) as fh:
+        spec = TrainSpec.model_validate(yaml.safe_load(fh))
+    spec = spec.model_copy(update={"nproc": args.gpus_per_node})
+    job = render_pytorchjob("train", spec, args.nodes, args.gpus_per_node, args.image, args.name, args.namespace,
+                            run_dir_claim=args.pvc)  # fmt: skip
+    print(yaml.safe_dump(job, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
