@@ -56,6 +56,7 @@ test-learning: venv
 bench: venv
 	$(PY) bench/step_cost.py
 	$(PY) bench/loss_memory.py
+	$(PY) bench/step_memory.py
 	$(PY) bench/rollout_throughput.py
 	$(PY) bench/retrieval.py
 	$(PY) bench/pipeline_rerun.py

@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -226,7 +227,7 @@ def run_stage_cli(
     if show is not None:
         show(spec, result)
     text = result.model_dump_json(indent=2)
-    if ns.out:
+    if ns.out and int(os.environ.get("RANK", "0")) == 0:  # under torchrun: rank 0's result
         Path(ns.out).write_text(text)
     print(text)
     return 0
@@ -287,3 +288,62 @@ def write_trajectories(path: str | Path, trajectories: list[Any]) -> Path:
         for t in trajectories:
             fh.write(t.to_json() + "\n")
     return path
+
+
+# ------------------------------------------------------------------------------------ data-parallel stages
+
+
+def under_torchrun() -> bool:
+    """This process is one rank started by torchrun (or by a PyTorchJob pod's torchrun)."""
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launch_torchrun(spec: StageSpec, module: str, nproc: int) -> StageResult:
+    """Run the stage's CLI (`python -m <module>`) under `torchrun --standalone --nproc-per-node <nproc>` on this
+    node (rendezvous on the loopback interface) and return rank 0's result. Its ranks log to this process's
+    stdout and stderr; a failed rank fails the whole run (torchrun stops the others)."""
+    folder = spec.stage_dir("torchrun")
+    spec_file, out_file = folder / "spec.json", folder / "result.json"
+    spec_file.write_text(spec.model_dump_json(indent=2))
+    out_file.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", module, "--spec", str(spec_file), "--out", str(out_file)]  # fmt: skip
+    logger.info("%s: %d ranks: %s", module, nproc, " ".join(command))
+    code = subprocess.run(
+        command, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    ).returncode
+    if code != 0 or not out_file.exists():
+        raise RuntimeError(
+            f"{module} under torchrun ({nproc} ranks) exited with code {code} (the ranks' logs are above)"
+        )
+    return StageResult.model_validate_json(out_file.read_text())
+
+
+class NullRun:
+    """Stands in for the MLflow run on ranks other than 0: they log nothing."""
+
+    run_id = None
+
+    def __enter__(self) -> NullRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def metrics_sink(self) -> NullRun:
+        return self
+
+    def log(self, step: int, metrics: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def log_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_curves(self) -> None:
+        pass

@@ -20,21 +20,25 @@ import torch
 from pydantic import Field, model_validator
 
 from components.common import (
+    NullRun,
     RolloutSpec,
     StageResult,
     StageSpec,
     backbone_label,
+    launch_torchrun,
     load_stage_backbone,
     open_suite,
     read_trajectories,
     run_stage_cli,
     start_tracking,
+    under_torchrun,
 )
 from components.memory import open_snapshot
 from lopd_core import skills
 from lopd_core.artifacts import ArtifactRef
 from lopd_core.checkpoint import load_model_tensors
 from lopd_core.config import LOPDConfig, ScheduleConfig
+from lopd_core.distributed import init_distributed
 from lopd_core.models import build_models
 from lopd_core.rollout import RolloutEngine
 from lopd_core.serialization import ChatSerializer
@@ -42,6 +46,7 @@ from lopd_core.step import TrainStep, build_method
 from lopd_core.training import train_loop
 
 logger = logging.getLogger(__name__)
+RANK_SEED_STRIDE = 1_000_000_007  # rollout seeds of rank r are offset by r * this
 
 
 class TrainSpec(StageSpec):
@@ -59,6 +64,9 @@ class TrainSpec(StageSpec):
     difficulties: list[int] | None = None
     resume: bool = True  # continue from this spec's last checkpoint when there is one
     threads: int = Field(1, ge=1)
+    # data-parallel ranks on this node (one per GPU): > 1 runs the stage under `torchrun --nproc-per-node nproc`
+    # (lopd_core.distributed); a stage already started by torchrun (a PyTorchJob pod) uses torchrun's world
+    nproc: int = Field(1, ge=1)
 
     @model_validator(mode="after")
     def _needs(self) -> TrainSpec:
@@ -71,6 +79,9 @@ class TrainSpec(StageSpec):
                 "method 'sdpo' needs schedule.samples_per_task >= 2: its teacher reads a successful "
                 "sibling attempt of the same task from the group (with 1 it would see feedback only)"
             )
+        if self.schedule.tasks_per_step < self.nproc:
+            raise ValueError(f"schedule.tasks_per_step={self.schedule.tasks_per_step} is below nproc={self.nproc}: "
+                             "every data-parallel rank needs at least one task per step")  # fmt: skip
         return self
 
 
@@ -108,6 +119,9 @@ def _check_bank_size(count: int, cfg: LOPDConfig, snapshot: ArtifactRef) -> None
 
 
 def train(spec: TrainSpec) -> StageResult:
+    if spec.nproc > 1 and not under_torchrun():
+        return launch_torchrun(spec, "components.train", spec.nproc)
+    world = init_distributed()  # the one-rank world unless torchrun started this process
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.lopd.seed)
     cfg = spec.lopd
@@ -147,7 +161,8 @@ def train(spec: TrainSpec) -> StageResult:
     bank = None  # LOPD's experience memory, locked while this run reads it and released however the run ends
     bank_scope = contextlib.ExitStack()
     if spec.bank_snapshot is not None:
-        bank = bank_scope.enter_context(open_snapshot(spec, spec.bank_snapshot, f"train/{run_name}"))
+        where = f"train/{run_name}" + (f"/rank{world.rank}" if world.rank else "")  # one restored copy per rank
+        bank = bank_scope.enter_context(open_snapshot(spec, spec.bank_snapshot, where))
         try:
             _check_bank_size(bank.count(), cfg, spec.bank_snapshot)
         except ValueError:
@@ -157,7 +172,9 @@ def train(spec: TrainSpec) -> StageResult:
     labels = {"method": cfg.method, "seed": cfg.seed, "backbone": label,
               "bank_snapshot_id": spec.bank_snapshot.sha256[:16] if spec.bank_snapshot else None}  # fmt: skip
     t0 = time.time()
-    with bank_scope, start_tracking(spec, "train", spec.suite, spec, resume_run_id=resume_id, **labels) as run:
+    tracking = start_tracking(spec, "train", spec.suite, spec, resume_run_id=resume_id, **labels) if world.is_main \
+        else NullRun()  # fmt: skip
+    with bank_scope, tracking as run:  # MLflow from rank 0 only
         retrieve = bank.retriever(k=cfg.n_retrieved) if bank is not None else None
         strategy, objective = build_method(
             models, cfg, retrieve=retrieve,
@@ -168,7 +185,8 @@ def train(spec: TrainSpec) -> StageResult:
         step = TrainStep(models, ChatSerializer(tok, cfg.max_seq_len), strategy, objective, cfg, sink)
 
         def rollout(batch):  # type: ignore[no-untyped-def]
-            seed = cfg.seed * 1_000_003 + step.step_index  # a fresh, reproducible stream per step
+            # a fresh, reproducible stream per step, and per rank (rank 0 draws the one-rank stream)
+            seed = cfg.seed * 1_000_003 + step.step_index + world.rank * RANK_SEED_STRIDE
             engine = RolloutEngine(models.student, tok, spec.rollout.config(seed, progress=False))
             return engine.run([suite.episode(t) for t in batch])
 
@@ -184,6 +202,8 @@ def train(spec: TrainSpec) -> StageResult:
         out = train_loop(step, tasks, rollout, spec.schedule, ckpt_dir, extra_state=extra,
                          on_checkpoint=on_checkpoint, before_checkpoint=lambda n: sink.flush())  # fmt: skip
         sink.close()
+        if not world.is_main:  # rank 0 stores the checkpoint and reports; the others only trained
+            return StageResult(stage="train", metrics={"steps": float(out["steps_done"])}, summary="rank > 0")
         final = store.put(ckpt_dir / "last", "checkpoint",
                           {"method": cfg.method, "seed": cfg.seed, "step": out["steps_done"], "backbone": label,
                            "generations": out["generations"]})  # fmt: skip

@@ -75,6 +75,12 @@ class TrainParams(Model):
     rollout: RolloutSpec = RolloutSpec()
     n_train_tasks: int | None = Field(None, ge=1, description="Restrict to a seeded sample of the training split.")
     difficulties: list[int] | None = Field(None, description="Train only on these difficulty levels.")
+    nproc: int = Field(
+        1,
+        ge=1,
+        description="Data-parallel ranks per node, one per GPU (torchrun --nproc-per-node); with mode=deployments "
+        "the train pod requests this many GPUs. More nodes: docs/distributed.md (PyTorchJob).",
+    )
 
 
 def _default_benchmarks() -> list[BenchmarkSpec]:

@@ -122,6 +122,7 @@ def train_spec(
         n_train_tasks=t.n_train_tasks,
         difficulties=t.difficulties,
         threads=cfg.threads,
+        nproc=t.nproc,
     )
 
 

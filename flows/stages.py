@@ -238,12 +238,26 @@ class StageContext:
         return variables
 
 
+def gpu_variables(stage: str, spec: BaseModel, variables: dict[str, Any]) -> dict[str, Any]:
+    """A data-parallel stage's pod requests one GPU per rank: `gpu_count` follows the spec's `nproc` (the one
+    setting in the Prefect form; torchrun in the pod starts that many ranks). A `gpu_count` job variable that
+    says otherwise is an error naming both."""
+    nproc = getattr(spec, "nproc", 1)
+    if nproc <= 1:
+        return variables
+    given = variables.get("gpu_count")
+    if given not in (None, 1, nproc):
+        raise ValueError(f"execution.job_variables.{stage}.gpu_count={given} differs from {stage}.nproc={nproc}: "
+                         f"the pod runs one rank per GPU; set only {stage}.nproc")  # fmt: skip
+    return {**variables, "gpu_count": nproc}
+
+
 def _run_remote(stage: str, spec: BaseModel, key: str, ctx: StageContext) -> StageResult:
     from prefect.deployments import run_deployment
 
     logger = get_run_logger()
     name = ctx.deployments[stage]
-    variables = ctx.job_variables_for(stage)
+    variables = gpu_variables(stage, spec, ctx.job_variables_for(stage))
     logger.info("stage %s -> deployment %s (job variables %s)", stage, name, sorted(variables))
     run = run_deployment(
         name,

@@ -8,6 +8,7 @@ A checkpoint is a directory:
     latent_cache.safetensors  the cold-start latents c_phi0 seen so far
     state.json              step, objective state (beta), the data sampler's state, counters, config
     rng.pt                  torch, numpy and Python RNG states
+    rng_ranks.pt            data-parallel runs: every rank's RNG states (restored when resumed at that world size)
 
 `save_checkpoint` writes into a temporary directory and renames it, so a crash never leaves a partial one.
 """
@@ -24,8 +25,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
+from lopd_core.distributed import World
 from lopd_core.models import LOPDModels
 
 FORMAT_VERSION = 1
@@ -93,8 +96,10 @@ def save_checkpoint(
     models: LOPDModels,
     optimizer: torch.optim.Optimizer | None,
     state: dict[str, Any],
+    ranks_rng: list[dict[str, Any]] | None = None,
 ) -> Path:
-    """Write a checkpoint directory at `path` (replacing an older one atomically). `state` must be JSON-able."""
+    """Write a checkpoint directory at `path` (replacing an older one atomically). `state` must be JSON-able.
+    `ranks_rng`: every rank's RNG states (data-parallel; `gather_rng_states`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
@@ -104,6 +109,8 @@ def save_checkpoint(
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         models.composer.anchor_cache.save(tmp / "latent_cache.safetensors")
         torch.save(rng_state(), tmp / "rng.pt")
+        if ranks_rng is not None:
+            torch.save(ranks_rng, tmp / "rng_ranks.pt")
         (tmp / "state.json").write_text(json.dumps({"format": FORMAT_VERSION, **state}, indent=2, sort_keys=True))
         old = path.with_name(f".{path.name}.old")
         if path.exists():
@@ -115,8 +122,23 @@ def save_checkpoint(
     return path
 
 
-def load_checkpoint(path: str | Path, models: LOPDModels, optimizer: torch.optim.Optimizer | None = None) -> dict:
-    """Restore weights (and the optimizer, RNG states when given) from `path`; returns the saved state dict."""
+def gather_rng_states(world: World) -> list[dict[str, Any]]:
+    """Every rank's RNG states, in rank order (a collective: every rank calls it)."""
+    out: list[Any] = [None] * world.world_size
+    dist.all_gather_object(out, rng_state())
+    return out
+
+
+def load_checkpoint(
+    path: str | Path,
+    models: LOPDModels,
+    optimizer: torch.optim.Optimizer | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> dict:
+    """Restore weights (and the optimizer, RNG states when given) from `path`; returns the saved state dict.
+
+    RNG states: rank `rank`'s own when the checkpoint was written at `world_size` ranks, else rank 0's."""
     path = Path(path)
     if not (path / "state.json").exists():
         raise FileNotFoundError(f"{path} is not a checkpoint directory (no state.json)")
@@ -131,6 +153,10 @@ def load_checkpoint(path: str | Path, models: LOPDModels, optimizer: torch.optim
             raise ValueError(f"{path} holds weights only (a cold-start checkpoint?): it cannot resume training")
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
         set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+        if world_size > 1 and (path / "rng_ranks.pt").exists():
+            ranks = torch.load(path / "rng_ranks.pt", weights_only=False)
+            if len(ranks) == world_size:
+                set_rng_state(ranks[rank])
     return state
 
 

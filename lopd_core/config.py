@@ -225,7 +225,11 @@ class LOPDConfig(StrictModel):
     # ---- sequences and compute
     max_seq_len: int = Field(40_960, ge=64)  # longer views are counted and left out of the loss
     fail_on_overlength: bool = False  # raise instead of skipping over-length sequences
-    gradient_checkpointing: bool = False
+    # activation checkpointing of every decoder layer (student, teacher and encoder passes; the adapter a layer ran
+    # with is replayed, lopd_core.adapters): "auto" turns it on for a step whose longest view has at least
+    # gradient_checkpointing_min_len tokens (the paper's lengths), off for shorter ones; true/false: always/never
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    gradient_checkpointing_min_len: int = Field(2048, ge=1)  # ours: where the saved activations start to dominate
     head_chunk_size: int = Field(1024, ge=1)  # positions per chunk of the fused loss head
     seed: int = 0
     baseline: BaselineConfig = BaselineConfig()

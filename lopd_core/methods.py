@@ -250,14 +250,16 @@ class DistillObjective:
             raise ValueError(f"{type(self).__name__} needs the teacher's side of the loss head")
         norm = self.cfg.loss_normalization
         adv = batch.advantages
-        if self.cfg.margin_advantage == "centered":
-            adv = adv - adv.mean()  # a uniform shift of the teacher's log-probs then leaves Delta at 0
+        if self.cfg.margin_advantage == "centered":  # a uniform shift of the teacher's log-probs leaves Delta at 0
+            adv = adv - (adv.mean() if batch.advantage_mean_global is None else batch.advantage_mean_global)
         weighted = adv[batch.rows] * head.privilege
         margin = batch.reduce(weighted, norm)
         margin_token = margin.item() if norm != "record" else batch.reduce(weighted.detach(), "token").item()
         return batch.reduce(head.kl, norm), margin, margin_token
 
     def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """(loss, stats). Data-parallel, both are this rank's shares of the global values: the step sums them over
+        ranks (every stat but `beta_loss`, which every rank holds) before `after_step` sees them."""
         distill, _, margin = self.terms(head, batch)  # the margin is a diagnostic here
         return distill, {"distill_kl": distill.item(), "margin": margin}
 
@@ -284,7 +286,10 @@ class LOPDObjective(DistillObjective):
         if t.latents is None or t.cold_start_latents is None:
             raise ValueError("LOPDObjective needs latents and cold-start latents from the context strategy")
         anchor = anchor_penalty(t.latents, t.cold_start_latents, self.cfg.anchor_reduction)
-        loss = lagrangian(distill, margin, anchor, self.beta, self.cfg.margin_target, self.cfg.anchor_weight)
+        if batch.world_size > 1:  # this rank's shares: the sum over ranks is the global Lagrangian
+            anchor = anchor * batch.record_share()
+        target = self.cfg.margin_target / batch.world_size
+        loss = lagrangian(distill, margin, anchor, self.beta, target, self.cfg.anchor_weight)
         stats = {"distill_kl": distill.item(), "margin": margin_token, "anchor": anchor.item()}
         return loss, {**stats, "beta_loss": self.beta}
 
@@ -319,7 +324,8 @@ class GRPOObjective(DistillObjective):
         old = batch.old_logp if batch.old_logp is not None else head.student_logp.detach()
         ratio = torch.exp(head.student_logp - old)
         pg = -torch.minimum(ratio * adv, ratio.clamp(1 - b.clip_eps, 1 + b.clip_eps) * adv)
-        stats = {"clip_fraction": ((ratio - 1).abs() > b.clip_eps).float().mean().item()}
+        clipped = ((ratio - 1).abs() > b.clip_eps).float()
+        stats = {"clip_fraction": (clipped.mean() if batch.world_size == 1 else batch.reduce(clipped, "token")).item()}
         per_token = pg
         if self.needs_teacher:
             assert head.teacher_logp is not None

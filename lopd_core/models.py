@@ -132,5 +132,5 @@ def build_models(backbone: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
         models.composer.qformer.requires_grad_(False)
         for p in models.composer.encoder_parameters():
             p.requires_grad_(False)
-    models.set_gradient_checkpointing(cfg.gradient_checkpointing)
+    models.set_gradient_checkpointing(cfg.gradient_checkpointing is True)  # "auto": the step decides per batch
     return models

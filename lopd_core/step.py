@@ -19,15 +19,19 @@ context are left out of the loss and counted.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from lopd_core.batch import DistillBatch, TeacherInputs
 from lopd_core.config import LOPDConfig
 from lopd_core.conversation import Trajectory
+from lopd_core.distributed import World, current_world, merge_metrics
 from lopd_core.loss_head import HeadOutputs, distill_head, token_logprobs
+from lopd_core.losses import advantages_from_rewards
 from lopd_core.methods import (  # re-exported: the step's public vocabulary
     DistillObjective,
     LatentContext,
@@ -37,7 +41,7 @@ from lopd_core.methods import (  # re-exported: the step's public vocabulary
     build_method,
 )
 from lopd_core.models import LOPDModels
-from lopd_core.serialization import ChatSerializer, aligned_action_positions
+from lopd_core.serialization import ChatSerializer, TokenBatch, aligned_action_positions
 
 __all__ = [
     "DistillBatch",
@@ -55,19 +59,55 @@ class MetricsSink(Protocol):
     def log(self, step: int, metrics: Mapping[str, float]) -> None: ...
 
 
-def teacher_side(h_teacher: torch.Tensor, rows: torch.Tensor, n_records: int, normalization: str) -> torch.Tensor:
+def teacher_side(
+    h_teacher: torch.Tensor,
+    rows: torch.Tensor,
+    n_records: int,
+    normalization: str,
+    n_tokens_global: int | None = None,
+    n_records_global: int | None = None,
+) -> torch.Tensor:
     """The teacher's hidden states as the loss sees them. For "reference", an identity whose gradient is rescaled
     per token by N / (B n_b): the token-weighted loss then reaches the teacher side (the composer) as the mean
     over the B records of per-record token means (N tokens in all), the reference code's split (worker.py:
-    student loss token-weighted, composer loss per record). Other normalisations: unchanged.
+    student loss token-weighted, composer loss per record). Other normalisations: unchanged. Data-parallel, N
+    and B are the global counts.
     """
     if normalization != "reference" or not h_teacher.requires_grad:
         return h_teacher
     counts = torch.bincount(rows, minlength=n_records).to(h_teacher.dtype)
-    scale = (rows.numel() / (n_records * counts))[rows].unsqueeze(-1)
+    n_tokens = rows.numel() if n_tokens_global is None else n_tokens_global
+    n_all = n_records if n_records_global is None else n_records_global
+    scale = (n_tokens / (n_all * counts))[rows].unsqueeze(-1)
     out = h_teacher.view_as(h_teacher)
     out.register_hook(lambda grad: grad * scale.to(grad.dtype))
     return out
+
+
+class StepInputs(NamedTuple):
+    """One rank's supervised batch, collated: the records, both views, and the aligned action positions."""
+
+    trajs: list[Trajectory]
+    s_batch: TokenBatch
+    t_batch: TokenBatch
+    rows: torch.Tensor
+    s_pos: torch.Tensor
+    t_pos: torch.Tensor
+    targets: torch.Tensor
+    rewards: torch.Tensor
+    groups: torch.Tensor
+
+
+class _StepModule(nn.Module):
+    """Every module of the step under one root, so that DDP sees one forward (the whole loss) per backward."""
+
+    def __init__(self, models: LOPDModels, losses: Callable[..., Any]) -> None:
+        super().__init__()
+        self.backbone, self.student, self.composer = models.backbone, models.student, models.composer
+        self.losses = losses
+
+    def forward(self, *args: Any) -> Any:
+        return self.losses(*args)
 
 
 class TrainStep:
@@ -79,6 +119,7 @@ class TrainStep:
         objective: DistillObjective,
         cfg: LOPDConfig,
         sink: MetricsSink | None = None,
+        world: World | None = None,
     ) -> None:
         self.models = models
         self.serializer = serializer
@@ -94,6 +135,15 @@ class TrainStep:
             ],
             weight_decay=cfg.weight_decay,
         )
+        # data-parallel (lopd_core.distributed): DDP reduces the student's and the composer's gradients
+        self.world = world or current_world()
+        self.ddp: DistributedDataParallel | None = None
+        if self.world.active:
+            cuda = models.backbone.device.type == "cuda"
+            self.ddp = DistributedDataParallel(
+                _StepModule(models, self._losses), device_ids=[self.world.local_rank] if cuda else None,
+                find_unused_parameters=True, broadcast_buffers=False,
+            )  # fmt: skip
 
     def __call__(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -104,6 +154,7 @@ class TrainStep:
             "success_rate": _mean([float(t.reward >= 1.0) for t in usable]),
             "generations": float(sum(t.metadata.get("generations", 1) for t in trajectories)),
         }
+        self._weights = {"reward_mean": len(usable), "success_rate": len(usable)}  # for the ranks' weighted means
         contexts = self.strategy.contexts(usable)
         views, n_over, n_no_context, over_ids = [], 0, 0, []
         for traj, ctx in zip(usable, contexts, strict=True):
@@ -123,9 +174,46 @@ class TrainStep:
                 "set fail_on_overlength=false to leave them out of the loss and count them (n_overlength)"
             )
         metrics.update(n_overlength=float(n_over), n_no_context=float(n_no_context), n_records=float(len(views)))
-        if not views:
+        inputs = self._collate(views) if views else None
+        if inputs is not None and self.cfg.gradient_checkpointing == "auto":  # on for long sequences
+            longest = max(inputs.s_batch.input_ids.shape[1], inputs.t_batch.input_ids.shape[1])
+            self.models.set_gradient_checkpointing(longest >= self.cfg.gradient_checkpointing_min_len)
+        totals = self._global_totals(inputs)
+        if not (totals["n_records_global"] if totals else views):
             return self._finish(metrics, t0, updated=False)
 
+        self.models.train()
+        old_logp, stats, head, loss = None, {}, None, None
+        for _ in range(self.objective.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            run = self.ddp if self.ddp is not None else self._losses
+            loss, stats, head, old_logp = run(inputs, old_logp, totals)
+            (loss * self.world.world_size if self.ddp is not None else loss).backward()
+            metrics.update(self._clip())
+            self.optimizer.step()
+        shared = {**stats, "loss": loss.item()} if inputs is not None else {}
+        if self.world.active:  # every rank's shares summed: the global Delta, so every rank takes the same beta step
+            shared = merge_metrics(self.world, shared, {})
+        self.objective.after_step(shared)
+        self.strategy.after_step()
+
+        metrics.update(self.strategy.metrics())
+        if inputs is not None:
+            metrics["n_action_tokens"] = float(inputs.targets.numel())
+        if head is not None and head.teacher_logp is not None and head.teacher_topm_mass is not None:
+            metrics.update(
+                privilege_mean=head.privilege.mean().item(),
+                teacher_topm_mass=head.teacher_topm_mass.mean().item(),
+                tail_mass=(1.0 - head.teacher_topm_mass).mean().item(),
+                kl_token_max=head.kl.max().item() if head.kl is not None and head.kl.numel() else 0.0,
+            )
+            n_tokens = metrics["n_action_tokens"]
+            self._weights.update(privilege_mean=n_tokens, teacher_topm_mass=n_tokens, tail_mass=n_tokens)
+        if hasattr(self.objective, "beta"):
+            shared["beta"] = float(self.objective.beta)  # after the dual step
+        return self._finish(metrics, t0, updated=True, shared=shared)
+
+    def _collate(self, views: list[tuple[Trajectory, Any, Any]]) -> StepInputs:
         trajs = [v[0] for v in views]
         s_batch = self.serializer.collate([v[1] for v in views])
         t_batch = self.serializer.collate([v[2] for v in views])
@@ -134,47 +222,56 @@ class TrainStep:
         task_ids = {tid: i for i, tid in enumerate(dict.fromkeys(t.task_id for t in trajs))}
         rewards = torch.tensor([t.reward for t in trajs], device=device)
         groups = torch.tensor([task_ids[t.task_id] for t in trajs], device=device)
+        return StepInputs(trajs, s_batch, t_batch, rows, s_pos, t_pos, targets, rewards, groups)
 
-        self.models.train()
-        old_logp = None
-        for _ in range(self.objective.epochs):
-            h_student = self.models.student_hidden(s_batch)[rows, s_pos]
-            w_student, w_teacher = self.models.head_weights()
-            teacher_inputs = TeacherInputs()
-            if self.objective.needs_teacher:
-                with torch.set_grad_enabled(self.strategy.teacher_requires_grad):
-                    teacher_inputs = self.strategy.inputs(trajs)
-                    h_t = self.models.teacher_hidden(t_batch, teacher_inputs.latents, self.strategy.teacher_adapter)
-                    h_teacher = teacher_side(h_t[rows, t_pos], rows, len(views), self.cfg.loss_normalization)
-                head = distill_head(
-                    h_student, h_teacher, targets, w_student, w_teacher, self.cfg.top_m, self.cfg.kl_support,
-                    self.cfg.head_chunk_size, self.cfg.tail_floor,
-                )  # fmt: skip
-            else:
-                head = HeadOutputs(student_logp=token_logprobs(h_student, targets, w_student, self.cfg.head_chunk_size))
-            old_logp = head.student_logp.detach() if old_logp is None else old_logp
-            batch = DistillBatch(rows, len(views), rewards, groups, teacher_inputs, old_logp)
-            loss, stats = self.objective.loss(head, batch)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            metrics.update(self._clip())
-            self.optimizer.step()
-        self.objective.after_step(stats)
-        self.strategy.after_step()
+    def _global_totals(self, inputs: StepInputs | None) -> dict[str, Any]:
+        """Data-parallel: the step's token and record counts and the mean advantage over every rank ({} on one)."""
+        if not self.world.active:
+            return {}
+        local = {"tokens": 0.0, "records": 0.0, "advantage": 0.0}
+        if inputs is not None:
+            advantage = advantages_from_rewards(inputs.rewards).sum().item()
+            local = {"tokens": inputs.targets.numel(), "records": len(inputs.trajs), "advantage": advantage}
+        total = self.world.sum_floats(local)
+        records = round(total["records"])
+        return {
+            "n_tokens_global": round(total["tokens"]),
+            "n_records_global": records,
+            "advantage_mean_global": total["advantage"] / max(records, 1),
+            "world_size": self.world.world_size,
+        }
 
-        metrics.update(stats)
-        metrics.update(self.strategy.metrics())
-        metrics.update(loss=loss.item(), n_action_tokens=float(targets.numel()))
-        if head.teacher_logp is not None and head.teacher_topm_mass is not None:
-            metrics.update(
-                privilege_mean=head.privilege.mean().item(),
-                teacher_topm_mass=head.teacher_topm_mass.mean().item(),
-                tail_mass=(1.0 - head.teacher_topm_mass).mean().item(),
-                kl_token_max=head.kl.max().item() if head.kl is not None and head.kl.numel() else 0.0,
-            )
-        if hasattr(self.objective, "beta"):
-            metrics["beta"] = float(self.objective.beta)  # after the dual step
-        return self._finish(metrics, t0, updated=True)
+    def _losses(
+        self, inputs: StepInputs | None, old_logp: torch.Tensor | None, totals: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, float], HeadOutputs | None, torch.Tensor | None]:
+        """The forward of one update: (loss, stats, head outputs, the sampling policy's log-probs)."""
+        if inputs is None:  # data-parallel, no usable record on this rank: a zero loss keeps it in step with DDP
+            return sum(p.sum() for p in self._idle_parameters()) * 0.0, {}, None, None
+        trajs, s_batch, t_batch, rows, s_pos, t_pos, targets, rewards, groups = inputs
+        h_student = self.models.student_hidden(s_batch)[rows, s_pos]
+        w_student, w_teacher = self.models.head_weights()
+        teacher_inputs = TeacherInputs()
+        if self.objective.needs_teacher:
+            with torch.set_grad_enabled(self.strategy.teacher_requires_grad):
+                teacher_inputs = self.strategy.inputs(trajs)
+                h_t = self.models.teacher_hidden(t_batch, teacher_inputs.latents, self.strategy.teacher_adapter)
+                h_teacher = teacher_side(h_t[rows, t_pos], rows, len(trajs), self.cfg.loss_normalization,
+                                         totals.get("n_tokens_global"), totals.get("n_records_global"))  # fmt: skip
+            head = distill_head(
+                h_student, h_teacher, targets, w_student, w_teacher, self.cfg.top_m, self.cfg.kl_support,
+                self.cfg.head_chunk_size, self.cfg.tail_floor,
+            )  # fmt: skip
+        else:
+            head = HeadOutputs(student_logp=token_logprobs(h_student, targets, w_student, self.cfg.head_chunk_size))
+        old_logp = head.student_logp.detach() if old_logp is None else old_logp
+        batch = DistillBatch(rows, len(trajs), rewards, groups, teacher_inputs, old_logp, **totals)
+        loss, stats = self.objective.loss(head, batch)
+        return loss, stats, head, old_logp
+
+    def _idle_parameters(self) -> list[nn.Parameter]:
+        """The parameters a step's loss reaches: the student's, and the composer's when the teacher needs it."""
+        composer = self.objective.needs_teacher and self.strategy.teacher_requires_grad
+        return self.models.student_parameters() + (self.models.composer_parameters() if composer else [])
 
     def _clip(self) -> dict[str, float]:
         composer = self.models.composer
@@ -182,10 +279,16 @@ class TrainStep:
             self.models.student_parameters(), composer.encoder_parameters(), composer.qformer.parameters(), self.cfg
         )
 
-    def _finish(self, metrics: dict[str, float], t0: float, updated: bool) -> dict[str, float]:
+    def _finish(
+        self, metrics: dict[str, float], t0: float, updated: bool, shared: dict[str, float] | None = None
+    ) -> dict[str, float]:
+        """Complete the step's metrics (`shared`: values already global) and log them (rank 0 only)."""
         metrics["updated"] = float(updated)
         metrics["step_seconds"] = time.perf_counter() - t0
-        if self.sink is not None:
+        if self.world.active:
+            metrics = merge_metrics(self.world, metrics, getattr(self, "_weights", {}))
+        metrics.update(shared or {})
+        if self.sink is not None and self.world.is_main:
             self.sink.log(self.step_index, metrics)
         self.step_index += 1
         return metrics

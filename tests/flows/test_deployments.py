@@ -10,6 +10,7 @@ import importlib
 import json
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -141,6 +142,27 @@ def test_train_stage_run_renders_to_a_gpu_job(deployments, tmp_path):
     (pipe_container,) = pipe["spec"]["template"]["spec"]["containers"]
     assert pipe_container["resources"]["limits"]["nvidia.com/gpu"] == 0
     assert pipe_container["image"] == "lopd-platform:cpu"
+
+
+def test_train_nproc_sets_the_pods_gpu_request(deployments, tmp_path):
+    """train.nproc=8 is the one setting: the train pod requests 8 GPUs, and the stage runs 8 ranks under torchrun."""
+    pytest.importorskip("prefect_kubernetes")
+    from flows.config import load_config
+    from flows.pipeline import stage_context
+    from flows.stages import gpu_variables
+
+    cfg = load_config(None, [f"run_dir={tmp_path}", "execution.mode=deployments", "train.nproc=8",
+                             "train.schedule.tasks_per_step=16"])  # fmt: skip
+    assert cfg.train.nproc == 8
+    spec = SimpleNamespace(nproc=cfg.train.nproc)
+    values = {**deployments["lopd-stage/train"]["work_pool"]["job_variables"],
+              **gpu_variables("train", spec, stage_context(cfg).job_variables_for("train"))}  # fmt: skip
+    job = render(json.loads(TEMPLATE.read_text()), values)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    with pytest.raises(ValueError, match=r"gpu_count=4 differs from train\.nproc=8"):
+        gpu_variables("train", spec, {"gpu_count": 4})
+    assert gpu_variables("train", SimpleNamespace(nproc=1), {"gpu_count": 4}) == {"gpu_count": 4}
 
 
 @pytest.mark.parametrize("command", ["run", "compare", "deploy", "watch", "bank"])

@@ -1,0 +1,135 @@
+"""Data-parallel training on PyTorch's own runtime: torchrun, DDP, NCCL on GPUs and gloo on CPU.
+
+    world = init_distributed()          # reads torchrun's RANK/WORLD_SIZE/LOCAL_RANK; one process = no-op
+    world.shard(task_ids)               # this rank's share of the step's tasks (every rank sees the same list)
+    world.sum(x)                        # all-reduce SUM of a tensor or float (identity on one rank)
+
+What is global and how (the rest of the code calls these helpers; one rank never communicates):
+
+- the step's tasks are one list on every rank (same seeded sampler); rank r rolls out `ids[r::world]`, with
+  its own rollout seed, so the union over ranks is the one-rank task set;
+- losses are sums over this rank's tokens (records) divided by the *global* count (`DistillBatch`), so the
+  global loss is the sum of the ranks' losses; DDP averages gradients over ranks, so each rank back-propagates
+  `world * loss` and the reduced gradient is exactly the gradient of the global loss;
+- scalars that drive control flow (the margin Delta of the dual step on beta) and every logged statistic are
+  all-reduced, so every rank takes the same beta step.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        """More than one rank: collectives are needed."""
+        return self.world_size > 1
+
+    def shard(self, items: Sequence[T]) -> list[T]:
+        """This rank's share of `items`: every world_size-th item from position `rank`."""
+        return list(items[self.rank :: self.world_size])
+
+    def sum(self, value: torch.Tensor | float) -> torch.Tensor:
+        """The sum over ranks (float64 on the CPU for python numbers; a tensor stays on its device)."""
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().clone()
+        else:
+            tensor = torch.tensor(float(value), dtype=torch.float64)
+        if self.active:
+            moved = tensor.to(self.device) if tensor.device != self.device else tensor
+            dist.all_reduce(moved, op=dist.ReduceOp.SUM)
+            tensor = moved.to(tensor.device)
+        return tensor
+
+    def sum_floats(self, values: dict[str, float]) -> dict[str, float]:
+        """Every value summed over ranks, in one collective (every rank passes the same keys in the same order)."""
+        if not self.active or not values:
+            return dict(values)
+        keys = list(values)
+        total = self.sum(torch.tensor([float(values[k]) for k in keys], dtype=torch.float64))
+        return {k: float(v) for k, v in zip(keys, total.tolist(), strict=True)}
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    @property
+    def device(self) -> torch.device:
+        """Where collectives run: the local GPU under NCCL, the CPU under gloo."""
+        if self.active and dist.get_backend() == "nccl":
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+
+SINGLE = World()
+
+REPLICATED = ("beta", "beta_loss", "updated", "grad_norm_")  # equal on every rank (prefixes): rank 0's value
+MAXIMA = ("step_seconds", "kl_token_max")
+
+
+def merge_metrics(world: World, metrics: dict[str, float], weights: dict[str, float]) -> dict[str, float]:
+    """Every rank's metrics combined, on every rank: a key in `weights` is a mean over this rank's `weights[key]`
+    items (the global value is the weighted mean), `REPLICATED` keys are taken from the first rank that has
+    them, `MAXIMA` the max over ranks, and every other value is a count or a share that is summed. A rank may
+    lack keys another has (one with no usable record)."""
+    gathered: list[Any] = [None] * world.world_size
+    dist.all_gather_object(gathered, (dict(metrics), dict(weights)))
+    out: dict[str, float] = {}
+    for key in dict.fromkeys(k for values, _ in gathered for k in values):
+        held = [(values[key], w.get(key)) for values, w in gathered if key in values]
+        if key.startswith(REPLICATED):
+            out[key] = float(held[0][0])
+        elif key in MAXIMA:
+            out[key] = float(max(v for v, _ in held))
+        elif key in weights or any(w is not None for _, w in held):
+            total = sum(float(w or 0.0) for _, w in held)
+            out[key] = sum(float(v) * float(w or 0.0) for v, w in held) / total if total else 0.0
+        else:
+            out[key] = float(sum(float(v) for v, _ in held))
+    return out
+
+
+def current_world() -> World:
+    """The world of an initialised process group, or the one-rank world."""
+    if dist.is_available() and dist.is_initialized():
+        return World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+    return SINGLE
+
+
+def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> World:
+    """Join the process group torchrun set up (env:// rendezvous); without WORLD_SIZE > 1 return the one-rank world.
+
+    The backend is NCCL when CUDA is available and gloo otherwise (`backend` overrides). Each rank uses the GPU
+    `LOCAL_RANK`."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return SINGLE
+    if not dist.is_initialized():
+        chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if chosen == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(chosen, timeout=datetime.timedelta(seconds=timeout_s))
+    return current_world()
+
+
+def shutdown_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
