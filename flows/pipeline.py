@@ -322,7 +322,11 @@ def evaluate_spec(
 
 @flow(name="lopd-pipeline", log_prints=True)
 def lopd_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
-    """collect -> bank -> cold-start -> train -> evaluate -> report for every method x seed of `config`."""
+    """collect -> bank -> cold-start -> train -> evaluate -> report for every method x seed of `config`.
+
+    Args:
+        config: The sweep (methods x seeds), the method's hyperparameters and every stage's settings.
+    """
     cfg = config
     logger = get_run_logger()
     run_dir = cfg.resolved_run_dir()
