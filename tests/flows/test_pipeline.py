@@ -112,6 +112,10 @@ def test_flow_run_has_report_artifacts(first):
     assert (
         "## Evaluation" in artifacts["lopd-report"].data and summary["pipeline_run_id"] in artifacts["lopd-report"].data
     )
+    from tests.flows.test_report_artifact import IMAGE, loadable
+
+    report = artifacts["lopd-report"].data
+    assert IMAGE.findall(report) and not loadable(report) and "file://" not in report  # figures load in the UI
 
 
 def test_rerun_takes_everything_from_the_cache(first, pipe_dir):
