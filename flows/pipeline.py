@@ -460,6 +460,11 @@ def publish(
         description="LOPD pipeline report: evaluation, equal-budget view, curves",
     )
     data = json.loads((report_dir / "comparison.json").read_text())
+    from components.tracking import TrackedRun
+    from flows.report import pipeline_metrics
+
+    # on the pipeline run too: the runs MLflow's default view lists (stage runs are nested under it)
+    TrackedRun(tracker, pipe, tracker.experiment_id, "pipeline", load_history=False).log_metrics(pipeline_metrics(data))
     rows = [
         {
             "model": r["label"],
