@@ -38,12 +38,12 @@ class Model(BaseModel):
 class RolloutSpec(Model):
     """Generation settings for rollouts (lopd_core.rollout.RolloutConfig)."""
 
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_turns: int = Field(8, ge=1)
-    max_new_tokens: int = Field(256, ge=1)
-    max_total_tokens: int = Field(4096, ge=64)
-    batch_size: int = Field(8, ge=1)
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature (1.0: the policy's own distribution).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
+    max_turns: int = Field(8, ge=1, description="Assistant turns per episode.")
+    max_new_tokens: int = Field(256, ge=1, description="Tokens per assistant turn.")
+    max_total_tokens: int = Field(4096, ge=64, description="Tokens per episode (prompt, turns, observations).")
+    batch_size: int = Field(8, ge=1, description="Episodes generated together.")
 
     def config(self, seed: int, progress: bool = True) -> RolloutConfig:
         return RolloutConfig(**self.model_dump(), seed=seed, progress=progress)

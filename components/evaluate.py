@@ -81,7 +81,7 @@ class _Spec(BaseModel):
 class BenchmarkSpec(_Spec):
     """One benchmark to run. A bare string in `benchmarks` means {name: <string>}."""
 
-    name: BenchmarkName
+    name: BenchmarkName = Field(description="The benchmark: an agent suite or a code benchmark.")
     key: str | None = Field(None, description="Name in metrics and tables (default: name), e.g. livecodebench_v6.")
     sample: int | None = Field(
         None, ge=0, description="Tasks to evaluate (BFCL: per subset); a seeded sample, None = all."
@@ -120,8 +120,8 @@ class BenchmarkSpec(_Spec):
 
 class DecodingSpec(_Spec):
     temperature: float = Field(0.0, ge=0, description="0 = greedy (deterministic).")
-    top_p: float = Field(1.0, gt=0, le=1)
-    n: int = Field(1, ge=1, description="Samples per code task (pass@k needs n >= k and temperature > 0).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
+    n: int = Field(1, ge=1, description="Samples per code task (pass@k needs n at least k, temperature above 0).")
     k: list[int] = Field(default_factory=lambda: [1], description="pass@k values reported for code benchmarks.")
 
 

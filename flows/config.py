@@ -16,12 +16,15 @@ from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from components.common import RolloutSpec
 from components.evaluate import BenchmarkSpec, DecodingSpec, RolloutLimits
 from lopd_core.config import (
+    BaselineConfig,
     ColdStartConfig,
     LOPDConfig,
+    LoraSpec,
     MethodName,
     ScheduleConfig,
     SFTConfig,
@@ -46,6 +49,45 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _fold(schema: dict[str, Any]) -> None:
+    """The Prefect form shows an object without `properties` as one JSON editor holding its default: rarely
+    changed settings then take a few lines instead of a card per field. Pydantic still validates every field
+    (the fields' descriptions stay in the model, the CLI help and `lopd run --print-config`)."""
+    keep = {k: schema[k] for k in ("title", "description", "default") if k in schema}
+    is_list = schema.get("type") == "array"
+    schema.clear()
+    schema.update(keep, type="array" if is_list else "object")
+    schema["description"] = (keep.get("description", "").rstrip() + " Rarely changed: edit as JSON.").strip()
+
+
+FOLDED: Any = _fold  # json_schema_extra of a folded field
+
+
+def _fold_benchmarks(schema: dict[str, Any]) -> None:
+    """Folded, with the default list shown (pydantic gives no default for a default_factory)."""
+    _fold(schema)
+    schema["default"] = [b.model_dump(mode="json", exclude_defaults=True) for b in _default_benchmarks()]
+
+
+class SweepLOPDConfig(LOPDConfig):
+    """The method's hyperparameters as the pipeline takes them: `method` and `seed` are left out of the form,
+    because the sweep sets them for every member (`methods`, `seeds`, `variants`)."""
+
+    method: SkipJsonSchema[MethodName] = Field("lopd", description="Set per arm by the sweep (methods, variants).")
+    seed: SkipJsonSchema[int] = Field(0, description="Set per member by the sweep (seeds).")
+    encoder_lora: LoraSpec = Field(
+        LoraSpec(), description="LoRA of the experience encoder (the composer's).", json_schema_extra=FOLDED
+    )
+    student_lora: LoraSpec = Field(
+        LoraSpec(), description="LoRA of the student (student_mode=lora).", json_schema_extra=FOLDED
+    )
+    baseline: BaselineConfig = Field(
+        BaselineConfig(),
+        description="Knobs of the baselines (GRPO clip and KL, teacher sync); LOPD ignores them.",
+        json_schema_extra=FOLDED,
+    )
+
+
 class CollectParams(Model):
     """The collect stage: the base model rolls out on training tasks; every trajectory is kept and verified."""
 
@@ -53,26 +95,32 @@ class CollectParams(Model):
     difficulties: list[int] | None = Field(None, description="Keep only these difficulty levels (null = all).")
     samples_per_task: int = Field(1, ge=1, description="Rollouts per task.")
     seed: int = Field(0, description="Task sample and sampling seed of the collection.")
-    rollout: RolloutSpec = RolloutSpec()
+    rollout: RolloutSpec = Field(
+        RolloutSpec(), description="Generation settings of the collection rollouts.", json_schema_extra=FOLDED
+    )
 
 
 class BankParams(Model):
     """The experience memory the successes go into (and the composer retrieves from)."""
 
     location: str | None = Field(
-        None, description='A directory (embedded Qdrant; default <run_dir>/bank), ":memory:" or a Qdrant URL.'
+        None, description='A directory (embedded Qdrant; default RUN_DIR/bank), ":memory:" or a Qdrant URL.'
     )
     name: str = Field("experience", description="Bank (collection) name.")
     embedder: str | None = Field(
-        None, description="sentence-transformers model or hashing-<dim>; default all-MiniLM-L6-v2 (offline)."
+        None, description="sentence-transformers model or hashing-DIM; default all-MiniLM-L6-v2 (offline)."
     )
 
 
 class TrainParams(Model):
     """The train stage (Algorithm 1): student rollouts, verification, one joint step per batch."""
 
-    schedule: ScheduleConfig = ScheduleConfig()
-    rollout: RolloutSpec = RolloutSpec()
+    schedule: ScheduleConfig = Field(
+        ScheduleConfig(), description="The outer loop of Algorithm 1: steps, tasks and samples per step."
+    )
+    rollout: RolloutSpec = Field(
+        RolloutSpec(), description="Generation settings of the student's training rollouts.", json_schema_extra=FOLDED
+    )
     n_train_tasks: int | None = Field(None, ge=1, description="Restrict to a seeded sample of the training split.")
     difficulties: list[int] | None = Field(None, description="Train only on these difficulty levels.")
     nproc: int = Field(
@@ -90,9 +138,18 @@ def _default_benchmarks() -> list[BenchmarkSpec]:
 class EvalParams(Model):
     """The evaluate stage: the student alone (no context) on held-out tasks and benchmarks."""
 
-    benchmarks: list[BenchmarkSpec] = Field(default_factory=_default_benchmarks)
-    decoding: DecodingSpec = DecodingSpec()
-    rollout: RolloutLimits = RolloutLimits()
+    benchmarks: list[BenchmarkSpec] = Field(
+        default_factory=_default_benchmarks,
+        description="Held-out benchmarks, each {name, sample, split, ...} (components.evaluate.BenchmarkSpec); a bare "
+        "name means {name: NAME}.",
+        json_schema_extra=_fold_benchmarks,
+    )
+    decoding: DecodingSpec = Field(
+        DecodingSpec(), description="Decoding of the evaluation (greedy by default).", json_schema_extra=FOLDED
+    )
+    rollout: RolloutLimits = Field(
+        RolloutLimits(), description="Turn and token limits of an evaluation episode.", json_schema_extra=FOLDED
+    )
     seed: int = Field(0, description="Task sample seed (the same tasks for every model).")
     base: bool = Field(True, description="Also evaluate the base model: the reference row of the table.")
     latent_eval: bool = Field(False, description="LOPD runs: also evaluate the latent teacher (a diagnostic).")
@@ -121,7 +178,8 @@ class ExecutionParams(Model):
         description="With mode=subprocess or deployments: the stages run outside the pipeline's process.",
     )
     deployments: dict[str, str] = Field(
-        default_factory=lambda: dict(DEFAULT_DEPLOYMENTS), description="Stage -> deployment ('flow/name')."
+        default_factory=lambda: dict(DEFAULT_DEPLOYMENTS),
+        description='Stage to deployment (\'flow/name\'), e.g. {"train": "lopd-stage/train"}.',
     )
     job_variables: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
@@ -150,7 +208,7 @@ class PipelineConfig(Model):
     run_dir: str = Field("runs/local", description="Working directory of the pipeline (bank, stages, MLflow db).")
     artifact_root: str | None = Field(
         None,
-        description="Artifact store: a directory or s3://... (default $LOPD_ARTIFACT_ROOT, else <run_dir>/artifacts).",
+        description="Artifact store: a directory or s3://... (default $LOPD_ARTIFACT_ROOT, else RUN_DIR/artifacts).",
     )
     tracking_uri: str | None = Field(
         None, description="MLflow store (default $MLFLOW_TRACKING_URI, else sqlite in run_dir)."
@@ -160,7 +218,7 @@ class PipelineConfig(Model):
     suite: str = Field(
         "toolworld",
         description="Training suite: toolworld | toolworld-compact | toolworld-minimal | bfcl | "
-        "envscaler:<env>:<train>[:<eval>].",
+        "envscaler:ENV:TRAIN[:EVAL].",
     )
     methods: list[Method] = Field(default_factory=lambda: ["lopd"], description="Methods of the sweep.")
     seeds: list[int] = Field(default_factory=lambda: [0], description="Training seeds of the sweep.")
@@ -192,13 +250,19 @@ class PipelineConfig(Model):
     variants: dict[str, Variant] = Field(
         default_factory=dict, description="Extra named arms beside `methods` (ablations), trained for every seed."
     )
-    lopd: LOPDConfig = LOPDConfig()
-    collect: CollectParams = CollectParams()
-    bank: BankParams = BankParams()
-    cold_start: ColdStartConfig = ColdStartConfig()
-    train: TrainParams = TrainParams()
-    evaluate: EvalParams = EvalParams()
-    execution: ExecutionParams = ExecutionParams()
+    lopd: SweepLOPDConfig = Field(
+        SweepLOPDConfig(),
+        description="The method's hyperparameters (lopd_core.config.LOPDConfig, the paper's defaults) for every arm; "
+        "the sweep sets the method and the seed of each member.",
+    )
+    collect: CollectParams = Field(CollectParams(), description=CollectParams.__doc__)
+    bank: BankParams = Field(BankParams(), description=BankParams.__doc__)
+    cold_start: ColdStartConfig = Field(
+        ColdStartConfig(), description="Composer cold-start (app. A.2), LOPD only.", json_schema_extra=FOLDED
+    )
+    train: TrainParams = Field(TrainParams(), description=TrainParams.__doc__)
+    evaluate: EvalParams = Field(EvalParams(), description=EvalParams.__doc__)
+    execution: ExecutionParams = Field(ExecutionParams(), description=ExecutionParams.__doc__, json_schema_extra=FOLDED)
 
     @model_validator(mode="after")
     def _check(self) -> PipelineConfig:

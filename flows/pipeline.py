@@ -165,7 +165,11 @@ def stage_context(cfg: PipelineConfig) -> StageContext:
 
 @flow(name="lopd-pipeline", log_prints=True)
 def lopd_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
-    """collect -> bank -> cold-start -> train -> evaluate -> report for every method x seed of `config`."""
+    """collect -> bank -> cold-start -> train -> evaluate -> report for every method x seed of `config`.
+
+    Args:
+        config: The sweep (methods x seeds), the method's hyperparameters and every stage's settings.
+    """
     cfg = config
     logger = get_run_logger()
     run_dir = cfg.resolved_run_dir()
@@ -282,13 +286,7 @@ def publish(
         log_report(tracker, pipe, report_dir)
     text = (report_dir / "report.md").read_text()
     pipe_url = tracker.run_url(pipe)
-    for png in sorted(report_dir.glob("*.png")):
-        target = (
-            f"{uri.rstrip('/')}/get-artifact?path=report/{png.name}&run_uuid={pipe}"
-            if tracker.is_server
-            else png.resolve().as_uri()
-        )
-        text = text.replace(f"]({png.name})", f"]({target})")
+    text = browser_images(text, report_dir, f"{uri.rstrip('/')}" if tracker.is_server else None, pipe)
     ui = mlflow_ui_command(uri)
     header = [
         f"MLflow pipeline run: {f'[{pipe}]({pipe_url})' if pipe_url else f'`{pipe}`'} "
@@ -305,6 +303,11 @@ def publish(
         description="LOPD pipeline report: evaluation, equal-budget view, curves",
     )
     data = json.loads((report_dir / "comparison.json").read_text())
+    from components.tracking import TrackedRun
+    from flows.report import pipeline_metrics
+
+    # on the pipeline run too: the runs MLflow's default view lists (stage runs are nested under it)
+    TrackedRun(tracker, pipe, tracker.experiment_id, "pipeline", load_history=False).log_metrics(pipeline_metrics(data))
     rows = [
         {
             "model": r["label"],
@@ -342,6 +345,32 @@ def publish(
             for o in outcomes
         ],
     }
+
+
+EMBED_MAX_BYTES = 200_000  # a figure up to this size goes into the Prefect artifact itself (a data URI)
+
+
+def browser_images(text: str, report_dir: Path, server: str | None, run_id: str) -> str:
+    """The report's figures as a browser shows them from the Prefect UI: a relative or file:// path does not
+    load there. A figure up to EMBED_MAX_BYTES becomes a base64 PNG data URI; a larger one links to the MLflow
+    server's copy (the report/ artifact of the pipeline run), or, with a local store, is named as that artifact."""
+    import base64
+    import re
+
+    for png in sorted(report_dir.glob("*.png")):
+        data = png.read_bytes()
+        if len(data) <= EMBED_MAX_BYTES:
+            target = f"](data:image/png;base64,{base64.b64encode(data).decode()})"
+        elif server:
+            target = f"]({server}/get-artifact?path=report/{png.name}&run_uuid={run_id})"
+        else:
+            target = None
+        if target:
+            text = text.replace(f"]({png.name})", target)
+        else:  # no URL a browser can open: drop the image, keep where it is
+            note = f"{png.name} ({len(data) // 1000} kB): MLflow artifact report/{png.name} of run {run_id}"
+            text = re.sub(rf"!\[([^\]]*)\]\({re.escape(png.name)}\)", lambda m, n=note: f"{m.group(1)}: {n}", text)
+    return text
 
 
 def mlflow_ui_command(uri: str) -> str | None:

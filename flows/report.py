@@ -142,6 +142,7 @@ def training_rows(tracker: Tracker, train_run_ids: list[str], budget: float | No
             "final_generations": end.get("generations"),
         }
         mid = at_budget.get(run_id, {})
+        row.update({f"final_{k}": end.get(k) for k in BUDGET_METRICS})
         row.update({"step": mid.get("step"), "generations": mid.get("generations")})
         row.update({k: mid.get(k) for k in BUDGET_METRICS})
         rows.append(row)
@@ -341,6 +342,27 @@ def build_report(spec: ReportSpec) -> StageResult:
         mlflow_run_id=spec.parent_run_id,
         summary=f"report of {len(rows)} evaluations, {len(train)} training runs",
     )
+
+
+def pipeline_metrics(comparison: dict[str, Any]) -> dict[str, float]:
+    """What a researcher compares across pipeline runs (the runs MLflow's default view lists), from
+    comparison.json: per arm (mean over seeds) the held-out headline score per benchmark, `ARM/heldout/BENCH`,
+    and the final training generations, margin, beta, reward and success rate, `ARM/train/NAME`."""
+    cells: dict[str, list[float]] = {}
+    for row in comparison.get("evaluations", []):
+        arm = row.get("arm") or row.get("method") or "base"
+        for bench, cell in row.get("benchmarks", {}).items():
+            if cell.get("value") is not None:
+                cells.setdefault(f"{arm}/heldout/{bench}", []).append(float(cell["value"]))
+    arms = {r.get("train_run_id"): r.get("arm") or r.get("method") for r in comparison.get("evaluations", [])}
+    for row in comparison.get("training", []):
+        arm = arms.get(row["run_id"]) or row.get("method")
+        values = {"generations": row.get("final_generations")}
+        values.update({k: row.get(f"final_{k}") for k in BUDGET_METRICS})
+        for name, value in values.items():
+            if _num(value) is not None:
+                cells.setdefault(f"{arm}/train/{name}", []).append(float(value))
+    return {key: statistics.fmean(values) for key, values in cells.items()}
 
 
 def log_report(tracker: Tracker, run_id: str, out_dir: Path) -> None:

@@ -63,7 +63,13 @@ def read_bank(location: str, name: str, since_version: int) -> dict[str, int]:
 
 @flow(name="bank-watch", log_prints=True)
 def bank_watch(run_dir: str = "runs/local", min_growth: int = 50, debounce_s: float = 3600.0) -> dict[str, Any]:
-    """Emit `lopd.bank.grown` when the bank of `run_dir` has grown by >= min_growth entries since training."""
+    """Emit `lopd.bank.grown` when the bank of `run_dir` has grown by >= min_growth entries since training.
+
+    Args:
+        run_dir: The pipeline run directory whose bank is watched (its trained.json names the trained version).
+        min_growth: New bank entries since training that make the bank count as grown.
+        debounce_s: Seconds after an event before the same bank may emit again.
+    """
     logger = get_run_logger()
     root = Path(run_dir).expanduser().resolve()
     trained = _read_json(root / TRAINED_FILE)
@@ -125,7 +131,13 @@ def lopd_retrain(run_dir: str = "runs/local", bank_version: int | None = None, m
     """Re-train the pipeline of `run_dir` on a fresh snapshot of its grown bank (event-triggered or scheduled).
 
     `bank_version`: the version that triggered the run (from the event; informational). Runs the pipeline only
-    when the bank has grown by >= `min_growth` entries since the last training."""
+    when the bank has grown by >= `min_growth` entries since the last training.
+
+    Args:
+        run_dir: The pipeline run directory to re-train (its pipeline.yaml is the config).
+        bank_version: The bank version that triggered the run (from the event; informational).
+        min_growth: New bank entries since the last training needed to re-train.
+    """
     logger = get_run_logger()
     root = Path(run_dir).expanduser().resolve()
     if not (root / PIPELINE_FILE).exists():

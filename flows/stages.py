@@ -137,6 +137,12 @@ def lopd_stage(stage: StageName, spec: dict[str, Any], cache_key: str, cache_roo
     """One stage in its own process or pod (the deployments lopd-stage/collect, /cold-start, /train, /evaluate).
 
     Called by the pipeline with `run_deployment`; the result goes into the stage cache under `cache_key`.
+
+    Args:
+        stage: The stage to run (sft, collect, bank, cold_start, train, evaluate, report).
+        spec: The stage's spec as JSON (its StageSpec fields; the pipeline fills it).
+        cache_key: The stage cache key the pipeline computed for this spec and code version.
+        cache_root: The stage cache directory or s3://... prefix the result is stored under.
     """
     parsed = parse_spec(stage, spec)
     if stage_key(stage, parsed) != cache_key:

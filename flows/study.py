@@ -215,7 +215,12 @@ def plot_bands(bands: dict[str, Band], out: Path, title: str) -> Path:
 @flow(name="lopd-study", log_prints=True)
 def lopd_study(config: PipelineConfig, ablation: bool = False) -> dict[str, Any]:
     """The study: the pipeline over every arm x seed at the config's equal budget, from its warm start; with
-    `ablation`, fig. 3's LOPD variants (margins 0, 0.01, 0.1 and a frozen composer) join the grid."""
+    `ablation`, fig. 3's LOPD variants (margins 0, 0.01, 0.1 and a frozen composer) join the grid.
+
+    Args:
+        config: The pipeline config of the study (it needs a budget).
+        ablation: Add fig. 3's LOPD variants: margins 0, 0.01, 0.1 and a frozen composer.
+    """
     from flows.pipeline import lopd_pipeline
 
     if config.budget is None:

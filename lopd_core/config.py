@@ -114,29 +114,39 @@ def _flatten(out: dict[str, Any], key: str, value: Any) -> None:
 
 
 class LoraSpec(StrictModel):
-    r: int = Field(16, ge=1)  # ours: the paper does not state the LoRA rank
-    alpha: float = Field(32.0, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: tuple[str, ...] = LLAMA_LORA_TARGETS
+    """A LoRA adapter: rank, scale, dropout and the modules it wraps."""
+
+    r: int = Field(16, ge=1, description="LoRA rank (ours: the paper does not state it).")
+    alpha: float = Field(32.0, gt=0, description="LoRA scale alpha (the update is scaled by alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
+    target_modules: tuple[str, ...] = Field(
+        LLAMA_LORA_TARGETS, description="Linear layers wrapped with LoRA (the Llama attention and MLP projections)."
+    )
 
 
 class BaselineConfig(StrictModel):
     """Knobs of the baselines (lopd_core.methods); LOPD ignores them."""
 
-    clip_eps: float = Field(0.2, gt=0)  # GRPO's clipped ratio (PPO)
-    kl_coef: float = Field(0.0, ge=0)  # GRPO's k3 KL to the reference policy (DeepSeekMath used 0.04)
-    ppo_epochs: int = Field(1, ge=1)  # GRPO updates per batch (the clip is active from the second)
-    teacher_sync: Literal["default", "frozen", "ema"] = "default"  # default: the method's own (methods.py)
-    teacher_ema_rate: float = Field(0.01, gt=0, le=1)  # EMA teacher <- (1 - a) teacher + a student
+    clip_eps: float = Field(0.2, gt=0, description="GRPO's clipped ratio epsilon (PPO).")
+    kl_coef: float = Field(
+        0.0, ge=0, description="GRPO's k3 KL to the reference policy (DeepSeekMath used 0.04); 0 = none."
+    )
+    ppo_epochs: int = Field(1, ge=1, description="GRPO updates per batch (the clip is active from the second).")
+    teacher_sync: Literal["default", "frozen", "ema"] = Field(
+        "default", description="Self-distillation teacher: default = the method's own (lopd_core.methods), frozen, ema."
+    )
+    teacher_ema_rate: float = Field(
+        0.01, gt=0, le=1, description="EMA teacher rate a: teacher = (1 - a) teacher + a student."
+    )
 
 
 class ScheduleConfig(StrictModel):
     """The outer loop of Algorithm 1. Reference config: 100 steps of 32 tasks (smaller presets for CPU)."""
 
-    steps: int = Field(100, ge=1)
-    tasks_per_step: int = Field(32, ge=1)
-    samples_per_task: int = Field(1, ge=1)  # rollouts per task per step: GRPO's group G, SDPO's siblings
-    checkpoint_every: int = Field(10, ge=1)
+    steps: int = Field(100, ge=1, description="Training steps (outer iterations of Algorithm 1).")
+    tasks_per_step: int = Field(32, ge=1, description="Training tasks per step (the batch of Algorithm 1).")
+    samples_per_task: int = Field(1, ge=1, description="Rollouts per task per step: GRPO's group G, SDPO's siblings.")
+    checkpoint_every: int = Field(10, ge=1, description="Steps between checkpoints (a resume starts from the last).")
 
 
 class ColdStartConfig(StrictModel):
@@ -146,12 +156,12 @@ class ColdStartConfig(StrictModel):
     config's (QFormer 30.0, LoRA 3.0; the paper states one value, 3.0).
     """
 
-    steps: int = Field(200, ge=0)  # ours
-    batch_size: int = Field(8, ge=1)  # ours
-    lr: float = Field(1e-4, gt=0)  # ours: the paper does not state it
-    weight_decay: float = Field(0.01, ge=0)
-    grad_clip_lora: float = Field(3.0, gt=0)
-    grad_clip_qformer: float = Field(30.0, gt=0)
+    steps: int = Field(200, ge=0, description="Cold-start steps (ours; 0 = none).")
+    batch_size: int = Field(8, ge=1, description="Trajectories per cold-start step (ours).")
+    lr: float = Field(1e-4, gt=0, description="Learning rate of the composer (ours: the paper does not state it).")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
+    grad_clip_lora: float = Field(3.0, gt=0, description="Gradient-norm clip of the encoder LoRA (app. A.2: 3.0).")
+    grad_clip_qformer: float = Field(30.0, gt=0, description="Gradient-norm clip of the QFormer (reference config).")
 
 
 class SFTConfig(StrictModel):
@@ -162,77 +172,133 @@ class SFTConfig(StrictModel):
     validation slice of the training split (configs/study-cpu.yaml says how).
     """
 
-    steps: int = Field(600, ge=0)
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(3e-3, gt=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)  # cosine decay to lr * min_lr_ratio after a linear warmup
-    warmup_steps: int = Field(30, ge=0)
-    weight_decay: float = Field(0.01, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    n_demonstrations: int | None = Field(None, ge=1)  # a seeded sample of the training tasks; None = all
-    pool_per_level: int = Field(0, ge=0)  # toolworld: extra generator scenarios per environment and level
-    answer: str = "Done."  # the final assistant turn that closes a demonstration
-    copy_pretrain_steps: int = Field(0, ge=0)  # from-scratch students: synthetic copying first (lopd_core.sft)
-    copy_batch_size: int = Field(0, ge=0)  # synthetic copying sequences added to every sft step (0 = none)
-    copy_span: int = Field(16, ge=1)  # tokens repeated in a copying sequence
-    seed: int = 0
+    steps: int = Field(600, ge=0, description="Warm-start steps.")
+    batch_size: int = Field(32, ge=1, description="Demonstrations per step.")
+    lr: float = Field(3e-3, gt=0, description="Peak learning rate.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decay to lr x min_lr_ratio after a linear warmup.")
+    warmup_steps: int = Field(30, ge=0, description="Linear warmup steps.")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
+    n_demonstrations: int | None = Field(
+        None, ge=1, description="A seeded sample of the training tasks as demonstrations; null = all."
+    )
+    pool_per_level: int = Field(0, ge=0, description="toolworld: extra generator scenarios per environment and level.")
+    answer: str = Field("Done.", description="The final assistant turn that closes a demonstration.")
+    copy_pretrain_steps: int = Field(
+        0, ge=0, description="From-scratch students: synthetic copying steps first (lopd_core.sft)."
+    )
+    copy_batch_size: int = Field(0, ge=0, description="Synthetic copying sequences added to every sft step (0 = none).")
+    copy_span: int = Field(16, ge=1, description="Tokens repeated in a copying sequence.")
+    seed: int = Field(0, description="Seed of the demonstration sample and the data order.")
 
 
 class LOPDConfig(StrictModel):
-    method: MethodName = "lopd"
+    """The method and its hyperparameters (LOPD's, and the baselines' in `baseline`), with the paper's defaults."""
+
+    method: MethodName = Field(
+        "lopd", description="lopd, or a baseline: opsd, sdft, sdpo, skill_sd, grpo (lopd_core.methods)."
+    )
     # ---- composer (§3.2, app. A.1)
-    n_retrieved: int = Field(3, ge=1)  # J
-    # ours: the train stage refuses LOPD on a bank with fewer entries (None: n_retrieved, J, the fewest that can
-    # fill a retrieval's J slots); 0 allows an empty bank, whose teacher then reads only the composer's
-    # "no past trajectory" placeholder items (counted per step as n_placeholder_experiences)
-    min_bank_size: int | None = Field(None, ge=0)
-    n_queries: int = Field(32, ge=1)  # K latent tokens per retrieved experience
-    qformer_layers: int = Field(8, ge=1)  # one block, weights shared across depth
-    qformer_ff_mult: int = Field(4, ge=1)
-    encoder_max_tokens: int = Field(1024, ge=16)  # ours: longer framed experiences are cut and counted
-    encoder_lora: LoraSpec = LoraSpec()
+    n_retrieved: int = Field(3, ge=1, description="J: experiences retrieved from the bank per task (§3.2).")
+    min_bank_size: int | None = Field(
+        None,
+        ge=0,
+        description="Ours: the train stage refuses LOPD on a bank with fewer entries (null: J, the fewest that can "
+        "fill a retrieval's J slots); 0 allows an empty bank, whose teacher then reads only the composer's "
+        '"no past trajectory" placeholder items (counted per step as n_placeholder_experiences).',
+    )
+    n_queries: int = Field(32, ge=1, description="K: latent tokens (QFormer queries) per retrieved experience.")
+    qformer_layers: int = Field(8, ge=1, description="QFormer depth: one block, weights shared across depth.")
+    qformer_ff_mult: int = Field(4, ge=1, description="QFormer feed-forward width multiplier.")
+    encoder_max_tokens: int = Field(1024, ge=16, description="Ours: longer framed experiences are cut (and counted).")
+    encoder_lora: LoraSpec = Field(LoraSpec(), description="LoRA of the experience encoder (the composer's).")
     # ---- student
-    student_mode: Literal["lora", "full"] = "lora"  # full: a separate frozen teacher copy is kept
-    student_lora: LoraSpec = LoraSpec()
+    student_mode: Literal["lora", "full"] = Field(
+        "lora",
+        description="lora: the student is a LoRA on the backbone; full: every weight, with a frozen teacher copy.",
+    )
+    student_lora: LoraSpec = Field(LoraSpec(), description="LoRA of the student (student_mode=lora).")
     # ---- objective (eq. 9-13)
-    top_m: int = Field(20, ge=1)  # M
-    kl_support: Literal["teacher", "student"] = "teacher"  # whose top-M ids form the support S
-    tail_floor: float | None = Field(None, lt=0)  # None: exact tail (eq. 9); -1e-7: the reference code's clamp
-    margin_target: float = 0.05  # m
-    anchor_weight: float = Field(0.2, ge=0)  # lambda
-    anchor_reduction: Literal["sum", "mean"] = "sum"  # sum = paper's squared L2; mean = reference code
-    freeze_composer: bool = False  # keep the cold-start composer fixed (fig. 3's "frozen composer" ablation)
-    dual_lr: float = Field(0.5, ge=0)  # eta_beta
-    beta_init: float = Field(0.0, ge=0)  # beta_0
-    # the A in Delta: "verdict" A = 2r - 1 (§3.3); "centered" subtracts the batch mean of A (ours, an option):
-    # with mostly failures a teacher that is uniformly worse than the student satisfies the verdict margin
-    margin_advantage: Literal["verdict", "centered"] = "verdict"
-    # token: every term token-weighted over the batch (eq. 10, 12); record: the mean over records of per-record
-    # means; reference: as bingreeky/LOPD's code, the student side token-weighted and the composer side (KL and
-    # Delta as the composer sees them) per-record means. The dual step always uses eq. 12's token-weighted Delta.
-    loss_normalization: Literal["token", "record", "reference"] = "token"
+    top_m: int = Field(
+        20, ge=1, description="M: top-M teacher tokens kept, plus one tail bucket, in the distillation KL (eq. 9-10)."
+    )
+    kl_support: Literal["teacher", "student"] = Field(
+        "teacher", description="Whose top-M ids form the support S (eq. 9)."
+    )
+    tail_floor: float | None = Field(
+        None, lt=0, description="null: the exact tail (eq. 9); -1e-7: the reference code's clamp."
+    )
+    margin_target: float = Field(
+        0.05,
+        description="m: margin target of the privileged-margin constraint: the batch margin Delta (eq. 12) "
+        "is kept at least m (eq. 13).",
+    )
+    anchor_weight: float = Field(
+        0.2,
+        ge=0,
+        description="lambda: weight of the anchor, the squared distance of the latents to their "
+        "cold-start value (eq. 13).",
+    )
+    anchor_reduction: Literal["sum", "mean"] = Field(
+        "sum", description="Anchor reduction: sum = the paper's squared L2; mean = the reference code."
+    )
+    freeze_composer: bool = Field(
+        False, description="Keep the cold-start composer fixed (fig. 3's frozen-composer ablation)."
+    )
+    dual_lr: float = Field(
+        0.5, ge=0, description="eta_beta: dual step size, beta = max(0, beta + eta_beta (m - Delta)) (eq. 13)."
+    )
+    beta_init: float = Field(0.0, ge=0, description="beta_0: initial value of the dual variable beta (eq. 13).")
+    margin_advantage: Literal["verdict", "centered"] = Field(
+        "verdict",
+        description="The A in Delta: verdict A = 2r - 1 (§3.3); centered subtracts the batch mean of A (ours, an "
+        "option: with mostly failures a teacher uniformly worse than the student satisfies the verdict margin).",
+    )
+    loss_normalization: Literal["token", "record", "reference"] = Field(
+        "token",
+        description="token: every term token-weighted over the batch (eq. 10, 12); record: the mean over records "
+        "of per-record means; reference: as bingreeky/LOPD's code, the student side token-weighted and the composer "
+        "side (KL and Delta as the composer sees them) per-record means. The dual step always uses eq. 12's "
+        "token-weighted Delta.",
+    )
     # ---- optimisation: one AdamW step over two parameter groups (Algorithm 1)
-    student_lr: float = Field(1e-5, gt=0)  # ours: the paper does not state it
-    composer_lr: float = Field(1e-5, gt=0)  # lr_phi
-    weight_decay: float = Field(0.01, ge=0)  # PyTorch's AdamW default, as in the reference code
+    student_lr: float = Field(1e-5, gt=0, description="Student learning rate (ours: the paper does not state it).")
+    composer_lr: float = Field(1e-5, gt=0, description="lr_phi: composer learning rate (Algorithm 1).")
+    weight_decay: float = Field(
+        0.01, ge=0, description="AdamW weight decay (PyTorch's default, as in the reference code)."
+    )
     # gradient clipping: the paper is silent for training; the reference code clips the student at
     # training.grad_clip = 1.0 and the composer (QFormer + encoder LoRA) jointly at the same 1.0
-    grad_clip_student: float = Field(1.0, gt=0)
-    composer_clip: Literal["joint", "per_group"] = "joint"
-    grad_clip_composer: float = Field(1.0, gt=0)  # joint: one norm over every composer parameter
-    grad_clip_lora: float = Field(3.0, gt=0)  # per_group: the encoder LoRA (the reference's cold-start value)
-    grad_clip_qformer: float = Field(30.0, gt=0)  # per_group: the QFormer (the reference's cold-start value)
+    grad_clip_student: float = Field(
+        1.0, gt=0, description="Student gradient-norm clip (the paper is silent; the reference code: 1.0)."
+    )
+    composer_clip: Literal["joint", "per_group"] = Field(
+        "joint", description="Composer clipping: joint (one norm, the reference code) or per_group (LoRA, QFormer)."
+    )
+    grad_clip_composer: float = Field(1.0, gt=0, description="joint: one norm over every composer parameter.")
+    grad_clip_lora: float = Field(
+        3.0, gt=0, description="per_group: the encoder LoRA (the reference's cold-start value)."
+    )
+    grad_clip_qformer: float = Field(
+        30.0, gt=0, description="per_group: the QFormer (the reference's cold-start value)."
+    )
     # ---- sequences and compute
-    max_seq_len: int = Field(40_960, ge=64)  # longer views are counted and left out of the loss
-    fail_on_overlength: bool = False  # raise instead of skipping over-length sequences
-    # activation checkpointing of every decoder layer (student, teacher and encoder passes; the adapter a layer ran
-    # with is replayed, lopd_core.adapters): "auto" turns it on for a step whose longest view has at least
-    # gradient_checkpointing_min_len tokens (the paper's lengths), off for shorter ones; true/false: always/never
-    gradient_checkpointing: bool | Literal["auto"] = "auto"
-    gradient_checkpointing_min_len: int = Field(2048, ge=1)  # ours: where the saved activations start to dominate
-    head_chunk_size: int = Field(1024, ge=1)  # positions per chunk of the fused loss head
-    seed: int = 0
-    baseline: BaselineConfig = BaselineConfig()
+    max_seq_len: int = Field(
+        40_960, ge=64, description="Longest training view; longer ones are counted and left out of the loss."
+    )
+    fail_on_overlength: bool = Field(False, description="Raise instead of skipping over-length sequences.")
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        "auto",
+        description="Recompute each decoder layer's activations in backward (student, teacher and encoder passes; "
+        "the adapter a layer ran with is replayed): auto = on for a step whose longest view has at least "
+        "gradient_checkpointing_min_len tokens; true/false = always/never.",
+    )
+    gradient_checkpointing_min_len: int = Field(
+        2048, ge=1, description="Ours: the view length from which saved activations start to dominate memory."
+    )
+    head_chunk_size: int = Field(1024, ge=1, description="Positions per chunk of the fused loss head.")
+    seed: int = Field(0, description="Training seed.")
+    baseline: BaselineConfig = Field(BaselineConfig(), description="Knobs of the baselines; LOPD ignores them.")
 
     @property
     def n_latents(self) -> int:

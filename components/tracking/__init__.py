@@ -50,7 +50,7 @@ from components.tracking.query import aggregate, compare_runs, run_series
 from components.tracking.runs import TrackedRun, Tracker
 from components.tracking.sink import MlflowMetricsSink
 from components.tracking.store import RetryPolicy, check_reachable, git_sha, redact, resolve_tracking_uri
-from components.tracking.values import format_params, param_text, valid_metric_key
+from components.tracking.values import curated_params, format_params, param_text, valid_metric_key
 
 __all__ = [
     "CUM_GENERATIONS",
@@ -68,6 +68,7 @@ __all__ = [
     "aggregate",
     "check_reachable",
     "compare_runs",
+    "curated_params",
     "format_params",
     "git_sha",
     "param_text",

@@ -44,7 +44,16 @@ from components.tracking.store import (
     redact,
     resolve_tracking_uri,
 )
-from components.tracking.values import _chunks, _clip_tag, _config_data, _now_ms, config_hash, flatten, format_params
+from components.tracking.values import (
+    _chunks,
+    _clip_tag,
+    _config_data,
+    _now_ms,
+    config_hash,
+    curated_params,
+    flatten,
+    format_params,
+)
 from lopd_core.artifacts import ArtifactRef, sha256_json
 
 logger = logging.getLogger(__name__)
@@ -162,8 +171,9 @@ class Tracker:
     ) -> TrackedRun:
         """A stage run, nested under the pipeline run `parent_run_id` when given.
 
-        `config` becomes the params (flattened), the `config_hash` tag and the `config.yaml` artifact; `params`
-        adds more params. Unset labels are inherited from the parent run.
+        `config` becomes the curated params (`curated_params`: the method's hyperparameters, backbone, seed,
+        budget, suite, schedule), the `config_hash` tag and the full `config.yaml` artifact; `params` adds more.
+        Unset labels are inherited from the parent run.
         """
         labels = _labels(method, seed, backbone, benchmark, bank_snapshot_id, prefect_flow_run_id, prefect_flow_run_url)
         if name is None:  # "lopd s1 · train": a compare view tells a sweep's runs apart
@@ -201,7 +211,7 @@ class Tracker:
         all_params: dict[str, Any] = {}
         if config is not None:
             data = _config_data(config)
-            all_params.update(config.flat() if hasattr(config, "flat") else flatten(data))
+            all_params.update(curated_params(config.flat() if hasattr(config, "flat") else flatten(data)))
             tags[Tag.CONFIG_HASH] = sha256_json(data)
         all_params.update(params or {})
         tag_map = {k: _clip_tag(v) for k, v in tags.items() if v is not None}

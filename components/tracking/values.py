@@ -49,6 +49,31 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# The params a compare view plots and filters on: the method's hyperparameters, backbone, seed, budget, suite, the
+# schedule and the stage's own optimisation knobs. Everything else (artifact refs and their metadata, paths, URIs,
+# tags, compute knobs) stays in the config.yaml artifact, which holds the full resolved config.
+PARAM_NAMES = frozenset({"backbone", "suite", "seed", "seeds", "method", "methods", "budget", "success_threshold"})
+PARAM_GROUPS = ("lopd.", "schedule.", "train.schedule.", "cold.", "cold_start.", "sft.")
+LEFT_OUT = frozenset(
+    {"target_modules", "fail_on_overlength", "gradient_checkpointing", "head_chunk_size", "answer", "threads"}
+)
+_LOPD_FIELDS = frozenset({"top_m", "margin_target", "dual_lr", "n_retrieved", "n_queries"})  # an LOPDConfig itself
+
+
+def curated_params(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The curated subset of a flattened config (see PARAM_NAMES, PARAM_GROUPS); an LOPDConfig logged on its
+    own (top-level top_m, margin_target, ...) keeps all its hyperparameters."""
+    bare_method = set(flat) >= _LOPD_FIELDS
+    out = {}
+    for key, value in flat.items():
+        last = key.rsplit(".", 1)[-1]
+        if last in LEFT_OUT or ".metadata." in key:
+            continue
+        if key in PARAM_NAMES or key.startswith(PARAM_GROUPS) or bare_method:
+            out[key] = value
+    return out
+
+
 def config_hash(config: Any) -> str:
     return sha256_json(_config_data(config))
 

@@ -40,6 +40,7 @@ from components.tracking import (
     TrackingUnavailableError,
     aggregate,
     compare_runs,
+    curated_params,
     format_params,
     param_text,
     plot_runs,
@@ -394,9 +395,10 @@ def test_pipeline_and_stage_runs_round_trip(store, suite, tmp_path):
     assert child.info.status == "FINISHED" and client.get_run(pipe.run_id).info.status == "FINISHED"
 
     params = child.data.params
-    for key, value in cfg.flat().items():
+    for key, value in curated_params(cfg.flat()).items():
         assert params[key] == param_text(value), key
     assert params["top_m"] == "10" and params["encoder_lora.r"] == "16"
+    assert "encoder_lora.target_modules" not in params and "head_chunk_size" not in params  # in config.yaml
     assert len(params["notes"]) == 6000 and tags[Tag.PARAMS_TRUNCATED] == "notes"
 
     config_file = client.download_artifacts(run.run_id, "config.yaml", str(tmp_path))
@@ -731,3 +733,36 @@ def test_the_margin_target_line_reads_what_a_train_stage_logs(store, suite):
         assert run.curve_references() == {"margin": 0.05}
     with tracker.start_stage("collect", config={"episodes": 4}) as run:
         assert run.curve_references() == {}
+
+
+def test_stage_params_are_the_curated_set_and_config_yaml_the_full_spec(store, suite, tmp_path):
+    """A train stage's spec: ~95 flattened fields (artifact refs with their metadata, paths, rollout limits) but
+    the params are what a compare view plots: the method's hyperparameters, backbone, seed, suite, schedule."""
+    import yaml
+
+    from components.train import TrainSpec
+
+    dataset = ArtifactRef("file:///store/dataset/d", "dataset", sha256_json({"d": 1}), {"n": 4})
+    snapshot = ArtifactRef("file:///store/bank/b", "bank_snapshot", sha256_json({"b": 1}), {"backend": "qdrant"})
+    composer = ArtifactRef("file:///store/composer/c", "checkpoint", sha256_json({"c": 1}), {"step": 200})
+    spec = TrainSpec(
+        run_dir=str(tmp_path),
+        backbone="tiny",
+        dataset=dataset,
+        bank_snapshot=snapshot,
+        composer=composer,
+        lopd=LOPDConfig(seed=2),
+    )
+    from components.tracking.values import flatten
+
+    assert len(flatten(spec.model_dump(mode="json"))) > 70
+    with store.open(suite).start_stage("train", config=spec, method="lopd", seed=2) as run:
+        pass
+    client = MlflowClient(store.uri)
+    params = client.get_run(run.run_id).data.params
+    assert not [k for k in params if "metadata" in k or k.startswith(("dataset.", "bank_snapshot.", "rollout."))]
+    assert {"backbone", "suite", "lopd.method", "lopd.seed", "lopd.top_m", "lopd.margin_target"} <= set(params)
+    assert {"lopd.dual_lr", "lopd.anchor_weight", "lopd.n_retrieved", "lopd.n_queries", "schedule.steps"} <= set(params)
+    assert params["lopd.seed"] == "2" and params["backbone"] == "tiny" and len(params) < 60
+    full = yaml.safe_load(Path(client.download_artifacts(run.run_id, "config.yaml", str(tmp_path))).read_text())
+    assert full["bank_snapshot"]["metadata"] == {"backend": "qdrant"} and TrainSpec.model_validate(full) == spec

@@ -90,9 +90,9 @@ def test_flow_parameters_are_a_typed_form_with_paper_defaults():
     schema = lopd_pipeline.parameters.model_dump()
     config = schema["properties"]["config"]
     assert config["$ref"].endswith("PipelineConfig")
-    lopd = schema["definitions"]["LOPDConfig"]["properties"]
+    lopd = schema["definitions"]["SweepLOPDConfig"]["properties"]
     assert lopd["top_m"]["default"] == 20 and lopd["n_queries"]["default"] == 32
-    assert lopd["margin_target"]["default"] == 0.05 and lopd["method"]["enum"][0] == "lopd"
+    assert lopd["margin_target"]["default"] == 0.05 and "method" not in lopd  # the sweep sets the method
     assert schema["definitions"]["ScheduleConfig"]["properties"]["steps"]["default"] == 100
 
 
@@ -191,3 +191,96 @@ def test_cli_eval_passes_through_to_the_evaluate_stage():
     out = CliRunner().invoke(app, ["eval", "backbone=tiny", "benchmarks=[toolworld]", "--print-spec"])
     assert out.exit_code == 0, out.output
     assert yaml.safe_load(out.output)["backbone"] == "tiny"
+
+
+def _flow_schemas() -> dict[str, dict[str, Any]]:
+    """The parameter JSON schema Prefect builds for every flow of prefect.yaml (what the UI's run form shows)."""
+    out = {}
+    for dep in yaml.safe_load(PREFECT_YAML.read_text())["deployments"]:
+        path, func = dep["entrypoint"].split(":")
+        flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), func)
+        out[flow.name] = flow.parameters.model_dump()
+    return out
+
+
+def _properties(schema: dict[str, Any], node: dict[str, Any], path: str = ""):
+    """(dotted path, property schema, its definition) of every property under `node`, through $ref/allOf/anyOf
+    and array items, as the form renders them."""
+
+    def resolve(n: dict[str, Any]) -> dict[str, Any]:
+        return schema["definitions"][n["$ref"].split("/")[-1]] if "$ref" in n else n
+
+    target = resolve(node)
+    for sub in (*node.get("allOf", []), *node.get("anyOf", []), *target.get("anyOf", [])):
+        yield from _properties(schema, sub, path)
+    if isinstance(target.get("items"), dict):
+        yield from _properties(schema, target["items"], f"{path}[]")
+    for name, prop in (target.get("properties") or {}).items():
+        dotted = f"{path}.{name}" if path else name
+        yield dotted, prop, resolve(prop)
+        yield from _properties(schema, prop, dotted)
+
+
+def test_every_form_field_has_a_description_without_angle_brackets():
+    schemas = _flow_schemas()
+    assert {"lopd-pipeline", "lopd-study", "lopd-stage", "lopd-retrain", "bank-watch"} <= set(schemas)
+    missing, angled, seen = [], [], 0
+    for flow_name, schema in schemas.items():
+        for path, prop, target in _properties(schema, schema):
+            seen += 1
+            text = prop.get("description") or target.get("description")  # pydantic drops one equal to its model's
+            if not text:
+                missing.append(f"{flow_name}: {path}")
+            elif "<" in text or ">" in text:  # the UI renders descriptions as markdown and drops <...>
+                angled.append(f"{flow_name}: {path}: {text}")
+    assert seen > 100
+    assert not missing, f"form fields without a description: {missing}"
+    assert not angled, f"descriptions with angle brackets: {angled}"
+    lopd = schemas["lopd-pipeline"]["definitions"]["SweepLOPDConfig"]["properties"]
+    assert "M" in lopd["top_m"]["description"] and "eq. 9" in lopd["top_m"]["description"]
+    assert lopd["dual_lr"]["description"].startswith("eta_beta") and "lambda" in lopd["anchor_weight"]["description"]
+    config = schemas["lopd-pipeline"]["definitions"]["PipelineConfig"]["properties"]
+    assert "RUN_DIR/artifacts" in config["artifact_root"]["description"]
+
+
+def test_pipeline_form_is_compact():
+    """The sweep sets lopd.method and lopd.seed: not in the form; rarely changed groups are one JSON editor each
+    (an object without properties), so target modules are no longer two lists of seven inputs."""
+    schema = _flow_schemas()["lopd-pipeline"]
+    paths = {path: prop for path, prop, _ in _properties(schema, schema)}
+    assert "config.lopd.method" not in paths and "config.lopd.seed" not in paths
+    assert "config.lopd.top_m" in paths and "config.train.schedule.steps" in paths  # the method's knobs stay fields
+    assert not [p for p in paths if p.endswith("target_modules")]
+    for folded in ("lopd.encoder_lora", "lopd.baseline", "cold_start", "execution", "evaluate.benchmarks"):
+        prop = paths[f"config.{folded}"]
+        assert "$ref" not in prop and "properties" not in prop and "items" not in prop, folded
+        assert prop["default"] and "edit as JSON" in prop["description"], folded
+    assert len(paths) < 100, sorted(paths)  # 167 form fields before folding (92 with sft.* under its null switch)
+
+
+def test_every_config_field_is_described():
+    """Folded groups leave the form, not the models: every field of the configs keeps its description."""
+    from components.evaluate import BenchmarkSpec, DecodingSpec, RolloutLimits
+    from flows.config import PipelineConfig
+    from lopd_core.config import LOPDConfig, SFTConfig
+
+    def walk(model: Any, prefix: str):
+        for name, info in model.model_fields.items():
+            yield f"{prefix}{name}", info
+            for arg in (info.annotation, *getattr(info.annotation, "__args__", ())):
+                if isinstance(arg, type) and hasattr(arg, "model_fields"):
+                    yield from walk(arg, f"{prefix}{name}.")
+
+    models = (PipelineConfig, LOPDConfig, SFTConfig, BenchmarkSpec, DecodingSpec, RolloutLimits)
+    missing = [path for m in models for path, info in walk(m, f"{m.__name__}.") if not info.description]
+    assert not missing, missing
+
+
+def test_folded_groups_still_validate():
+    from flows.config import PipelineConfig
+
+    with pytest.raises(ValueError, match="grad_clip_qformer"):
+        PipelineConfig.model_validate({"cold_start": {"grad_clip_qformer": -1}})
+    cfg = PipelineConfig.model_validate({"lopd": {"encoder_lora": {"r": 4}}, "execution": {"retries": 0}})
+    assert cfg.lopd.encoder_lora.r == 4 and cfg.execution.retries == 0
+    assert cfg.method_config("grpo", 3).method == "grpo" and cfg.method_config("grpo", 3).seed == 3

@@ -86,6 +86,11 @@ def test_first_run_runs_every_stage_and_links_prefect_and_mlflow(first, pipe_dir
         assert run.data.tags["prefect.flow_run_id"] == summary["flow_run_id"], stage
         if stage["stage"] != "report":
             assert run.data.tags["pipeline_run_id"] == summary["pipeline_run_id"], stage
+    metrics = pipe.data.metrics  # what the compare view plots, on the top-level run
+    assert {"lopd/heldout/toolworld", "base/heldout/toolworld", "lopd/train/generations"} <= set(metrics)
+    assert {"lopd/train/margin", "lopd/train/beta"} <= set(metrics)
+    assert "backbone" in pipe.data.params and "lopd.top_m" in pipe.data.params
+    assert not [k for k in pipe.data.params if "metadata" in k or k.startswith("execution.")]
     artifacts = {a.path for a in client.list_artifacts(summary["pipeline_run_id"], "report")}
     assert {"report/report.md", "report/curves_generations.png"} <= artifacts
     assert "| lopd seed 0 | lopd | 0 |" in summary["evaluation"] and "toolworld" in summary["evaluation"]
@@ -112,6 +117,10 @@ def test_flow_run_has_report_artifacts(first):
     assert (
         "## Evaluation" in artifacts["lopd-report"].data and summary["pipeline_run_id"] in artifacts["lopd-report"].data
     )
+    from tests.flows.test_report_artifact import IMAGE, loadable
+
+    report = artifacts["lopd-report"].data
+    assert IMAGE.findall(report) and not loadable(report) and "file://" not in report  # figures load in the UI
 
 
 def test_rerun_takes_everything_from_the_cache(first, pipe_dir):
