@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from components.artifacts import ArtifactStore
 from lopd_core.artifacts import ArtifactRef
-from lopd_core.config import apply_overrides, explain
+from lopd_core.config import load_model
 from lopd_core.envs.base import Suite, WithValidation
 from lopd_core.rollout import RolloutConfig
 
@@ -162,21 +162,7 @@ def backbone_label(backbone: str, warm_start: ArtifactRef | None) -> str:
 
 def load_stage_spec(spec_cls: type[SpecT], path: str | Path | None = None, overrides: list[str] | None = None) -> SpecT:
     """A stage spec from a YAML/JSON file (optional) plus key=value overrides; errors name the file or the field."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"spec file {path} does not exist")
-        loaded = yaml.safe_load(path.read_text()) or {}  # YAML is a superset of JSON
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: expected a mapping of field: value")
-        data = loaded
-    apply_overrides(data, overrides or [])
-    try:
-        return spec_cls.model_validate(data)
-    except ValidationError as exc:
-        where = f" ({path})" if path else ""
-        raise ValueError(f"invalid {spec_cls.__name__}{where}:\n{explain(exc, spec_cls)}") from None
+    return load_model(spec_cls, path, overrides, what=spec_cls.__name__)
 
 
 def run_stage_cli(

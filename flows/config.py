@@ -28,8 +28,7 @@ from lopd_core.config import (
     MethodName,
     ScheduleConfig,
     SFTConfig,
-    apply_overrides,
-    explain,
+    load_model,
     set_dotted,
 )
 
@@ -367,19 +366,5 @@ class PipelineConfig(Model):
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
     """A PipelineConfig from a YAML file (optional) plus `key=value` overrides; errors name the file and field."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"config file {path} does not exist (presets are in configs/)")
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: expected a mapping of field: value")
-        data = loaded
-    apply_overrides(data, overrides or [])
-    try:
-        return PipelineConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ValueError(
-            f"invalid pipeline config{f' ({path})' if path else ''}:\n{explain(exc, PipelineConfig)}"
-        ) from None
+    hint = " (presets are in configs/)"
+    return load_model(PipelineConfig, path, overrides, what="pipeline config", missing_hint=hint)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -43,6 +45,35 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 MethodName = Literal["lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo"]  # registry: lopd_core.methods.METHODS
+
+
+def load_model(
+    cls: type[ModelT],
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    what: str | None = None,
+    missing_hint: str = "",
+    updates: dict[str, Any] | None = None,
+) -> ModelT:
+    """`cls` from a YAML/JSON mapping file (optional) plus `key=value` overrides: the one loader of configs and
+    specs. A missing file, a non-mapping or a bad field is a ValueError/FileNotFoundError naming the file and field."""
+    what = what or cls.__name__
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"{what} file {path} does not exist{missing_hint}")
+        loaded = yaml.safe_load(path.read_text()) or {}  # YAML is a superset of JSON
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: expected a mapping of field: value, got {type(loaded).__name__}")
+        data = loaded
+    data.update(updates or {})  # top-level values given as Python objects
+    apply_overrides(data, overrides or [])
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        where = f" ({path})" if path else ""
+        raise ValueError(f"invalid {what}{where}:\n{explain(exc, cls)}") from None
 
 
 def explain(exc: ValidationError, model: type[BaseModel]) -> str:
@@ -82,17 +113,7 @@ class StrictModel(BaseModel):
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> Any:
         """Load from a YAML mapping (a missing file or a bad field is an error naming it)."""
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"config file {path} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping of field: value, got {type(data).__name__}")
-        data.update(overrides)
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            raise ValueError(f"{path}: invalid {cls.__name__}:\n{explain(exc, cls)}") from None
+        return load_model(cls, path, what="config", updates=overrides)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
