@@ -19,7 +19,7 @@ context are left out of the loss and counted.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 import torch
@@ -87,6 +87,9 @@ class TrainStep:
         self.cfg = cfg
         self.sink = sink
         self.step_index = 0
+        # Called after every optimizer step (e.g. loading the new student weights into a vLLM rollout engine);
+        # their time is logged as `sync_seconds`.
+        self.after_update: list[Callable[[], object]] = []
         self.optimizer = torch.optim.AdamW(
             [
                 {"params": models.student_parameters(), "lr": cfg.student_lr, "name": "student"},
@@ -158,6 +161,11 @@ class TrainStep:
             self.optimizer.step()
         self.objective.after_step(stats)
         self.strategy.after_step()
+        if self.after_update:
+            t_sync = time.perf_counter()
+            for hook in self.after_update:
+                hook()
+            metrics["sync_seconds"] = time.perf_counter() - t_sync
 
         metrics.update(stats)
         metrics.update(loss=loss.item(), n_action_tokens=float(targets.numel()))
