@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -40,6 +40,9 @@ class RolloutSpec(Model):
     max_new_tokens: int = Field(256, ge=1)
     max_total_tokens: int = Field(4096, ge=64)
     batch_size: int = Field(8, ge=1)
+    engine: Literal["hf", "vllm"] = "hf"  # "vllm": a vLLM worker process (lopd_core.vllm_engine; make venv-vllm)
+    vllm_compile: bool = False  # vLLM: torch.compile (minutes to start, cached under the cache dir) vs eager
+    vllm_kv_cache_mb: int = Field(512, ge=16)
 
     def config(self, seed: int, progress: bool = True) -> RolloutConfig:
         return RolloutConfig(**self.model_dump(), seed=seed, progress=progress)
