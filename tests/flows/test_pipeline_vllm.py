@@ -27,6 +27,6 @@ def test_vllm_tiny_pipeline(tmp_path: Path) -> None:
     assert ran(summary) == [
         "collect", "bank", "cold-start seed 0", "train lopd seed 0", "evaluate base", "evaluate lopd seed 0", "report",
     ]  # fmt: skip
-    history = json.loads(next((tmp_path / "train").glob("*.history.json")).read_text())
+    history = json.loads(next(tmp_path.rglob("train/*.history.json")).read_text())
     assert history and all(row["sync_seconds"] > 0 for row in history if row.get("updated"))
     assert "toolworld" in summary["evaluation"]
