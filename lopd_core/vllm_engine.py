@@ -169,10 +169,11 @@ class VllmServer:
 
             save_file(merged_state_dict(model), str(folder / "model.safetensors"))
             max_len = int(getattr(config, "max_position_embeddings", max_model_len) or max_model_len)
+            self.max_model_len = min(max_model_len, max_len)
             self._start(python, start_timeout)
             reply = self.call(
                 "init", model=str(folder), dtype="float32", seed=seed, enforce_eager=enforce_eager,
-                max_model_len=min(max_model_len, max_len), kv_cache_bytes=kv_cache_bytes, timeout=start_timeout,
+                max_model_len=self.max_model_len, kv_cache_bytes=kv_cache_bytes, timeout=start_timeout,
                 arch=arch,
             )  # fmt: skip
             self.version = reply.get("version", "?")
@@ -341,9 +342,21 @@ class VllmRolloutEngine(RolloutEngine):
              "stop_token_ids": stop}
             for m, s in zip(max_new_tokens, seeds, strict=True)
         ]  # fmt: skip
-        outputs = self.server.generate(prompts, params)
+        # A prompt the engine's context cannot hold even one more token of ends its episode's turn empty
+        # (truncated), as a spent token budget does; the others are clamped to the context.
+        room = [self.server.max_model_len - len(p) for p in prompts]
+        fits = [i for i, r in enumerate(room) if r > 0]
+        for i in fits:
+            params[i]["max_tokens"] = min(params[i]["max_tokens"], room[i])
+        sent = self.server.generate([prompts[i] for i in fits], [params[i] for i in fits]) if fits else []
+        outputs: list[dict[str, Any] | None] = [None] * len(prompts)
+        for i, out in zip(fits, sent, strict=True):
+            outputs[i] = out
         results = []
         for out in outputs:
+            if out is None:
+                results.append(Generation([], truncated=True))
+                continue
             ids, logprobs = list(out["token_ids"]), list(out["logprobs"])
             self.stats["forward_passes"] = self.stats.get("forward_passes", 0) + len(ids)
             if ids and ids[-1] in self.stop_ids and out["finish_reason"] == "stop":

