@@ -174,10 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     engines = set(args.engine.split(","))
     if engines - {"hf", "sequential", "vllm"}:
         parser.error(f"unknown engine(s) {sorted(engines - {'hf', 'sequential', 'vllm'})}")
+
+    def save() -> None:  # after each engine, so a long run leaves its figures so far
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=2) + "\n")
+
     if "hf" in engines:
         report["batched"] = measure(RolloutEngine(model, tokenizer, config), tasks, suite)
+        save()
     if "vllm" in engines:
         report.update(measure_vllm(model, tokenizer, config, tasks, suite, args.vllm_compile))
+        save()
     if "sequential" in engines and not args.skip_sequential:
         sequential = RolloutConfig(
             **{**report["config"], "batch_size": 1, "reuse_cache": False, "max_total_tokens": 8192}
