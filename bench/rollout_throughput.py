@@ -2,6 +2,7 @@
 
     python bench/rollout_throughput.py                                  # SmolLM2-135M, 16 toolworld tasks
     python bench/rollout_throughput.py --backbone tiny --tasks 8        # seconds, for a smoke run
+    python bench/rollout_throughput.py --engine hf,sequential,vllm --vllm-compile   # vLLM beside both HF sides
 
 Both sides run the same episodes through the same engine loop (prompts, environment steps, scoring); only
 the generation differs:
@@ -10,6 +11,11 @@ the generation differs:
   keys/values reused across turns and across episodes sharing a system prompt (`--no-reuse` turns that off);
 * sequential: `model.generate(...)` (Hugging Face, KV cache within the call) for one prompt at a time, each
   turn re-encoding the whole conversation, as a plain per-episode loop would.
+
+* vllm: `VllmRolloutEngine` (rollout.engine=vllm; a vLLM worker process, `make venv-vllm`). Its start-up
+  (worker, model load, compile with --vllm-compile) and the weight sync (merge + load into the running
+  engine, as after each train step) are reported apart; the rollout is run twice and the second run is the
+  steady-state figure (`vllm`), the first is `vllm_first_run`.
 
 Decoding is greedy by default so both sides produce (nearly) the same tokens; the figure of merit is
 generated tokens per second of wall time. Prints one JSON object (and writes it with --out).
@@ -95,6 +101,30 @@ def measure(engine: RolloutEngine, tasks: list, suite) -> dict:
     }
 
 
+def measure_vllm(model, tokenizer, config: RolloutConfig, tasks: list, suite, compile_: bool) -> dict:
+    from dataclasses import replace
+
+    from lopd_core.vllm_engine import VllmRolloutEngine
+
+    t0 = time.perf_counter()
+    engine = VllmRolloutEngine(model, tokenizer, replace(config, engine="vllm", vllm_compile=compile_))
+    out: dict = {"vllm_startup_s": round(time.perf_counter() - t0, 2), "vllm_compiled": compile_}
+    try:
+        out["vllm_first_run"] = measure(engine, tasks, suite)
+        syncs = [engine.sync_weights(model) for _ in range(3)]
+        out["vllm"] = measure(engine, tasks, suite)
+        n_params = sum(p.numel() for p in model.parameters())
+        step = out["vllm"]["seconds"] + min(syncs)
+        out["vllm_sync"] = {
+            "seconds": [round(x, 3) for x in syncs],
+            "parameters": n_params,
+            "share_of_rollout_plus_sync": round(min(syncs) / step, 4),
+        }
+    finally:
+        engine.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backbone", default="smollm2-135m")
@@ -107,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-reuse", action="store_true", help="batched engine without cache reuse")
     parser.add_argument("--skip-sequential", action="store_true")
+    parser.add_argument("--engine", default="hf,sequential", help="comma list of hf, sequential, vllm")
+    parser.add_argument("--vllm-compile", action="store_true", help="vLLM with torch.compile instead of eager")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -139,15 +171,32 @@ def main(argv: list[str] | None = None) -> int:
             for k in ("temperature", "top_p", "max_turns", "max_new_tokens", "batch_size", "reuse_cache")
         },
     }
-    report["batched"] = measure(RolloutEngine(model, tokenizer, config), tasks, suite)
-    if not args.skip_sequential:
+    engines = set(args.engine.split(","))
+    if engines - {"hf", "sequential", "vllm"}:
+        parser.error(f"unknown engine(s) {sorted(engines - {'hf', 'sequential', 'vllm'})}")
+
+    def save() -> None:  # after each engine, so a long run leaves its figures so far
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+    if "hf" in engines:
+        report["batched"] = measure(RolloutEngine(model, tokenizer, config), tasks, suite)
+        save()
+    if "vllm" in engines:
+        report.update(measure_vllm(model, tokenizer, config, tasks, suite, args.vllm_compile))
+        save()
+    if "sequential" in engines and not args.skip_sequential:
         sequential = RolloutConfig(
             **{**report["config"], "batch_size": 1, "reuse_cache": False, "max_total_tokens": 8192}
         )
         report["sequential_hf_generate"] = measure(SequentialHFEngine(model, tokenizer, sequential), tasks, suite)
-        report["speedup"] = round(
-            report["batched"]["tokens_per_s"] / report["sequential_hf_generate"]["tokens_per_s"], 2
-        )
+    base = report.get("sequential_hf_generate", {}).get("tokens_per_s")
+    if base and "batched" in report:
+        report["speedup"] = round(report["batched"]["tokens_per_s"] / base, 2)
+    if "vllm" in report and "batched" in report:
+        report["vllm_over_batched"] = round(report["vllm"]["tokens_per_s"] / report["batched"]["tokens_per_s"], 2)
+    if "vllm" in report and base:
+        report["vllm_over_sequential"] = round(report["vllm"]["tokens_per_s"] / base, 2)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -29,7 +29,7 @@ from components.common import (
     write_trajectories,
 )
 from lopd_core.artifacts import ArtifactRef
-from lopd_core.rollout import RolloutEngine, summarize
+from lopd_core.rollout import make_engine, summarize
 
 
 class CollectSpec(StageSpec):
@@ -72,8 +72,8 @@ def collect(spec: CollectSpec) -> StageResult:
             model_cm = contextlib.nullcontext(model)
         episodes = [suite.episode(t) for t in tasks for _ in range(spec.samples_per_task)]
         t0 = time.time()
-        with model_cm as model:
-            trajectories = RolloutEngine(model, tokenizer, spec.rollout.config(spec.seed)).run(episodes, "collect")
+        with model_cm as model, make_engine(model, tokenizer, spec.rollout.config(spec.seed)) as engine:
+            trajectories = engine.run(episodes, "collect")
         for t in trajectories:
             t.metadata["run_id"] = run.run_id
         summary = summarize(trajectories)

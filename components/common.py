@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,6 +44,13 @@ class RolloutSpec(Model):
     max_new_tokens: int = Field(256, ge=1, description="Tokens per assistant turn.")
     max_total_tokens: int = Field(4096, ge=64, description="Tokens per episode (prompt, turns, observations).")
     batch_size: int = Field(8, ge=1, description="Episodes generated together.")
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="hf: batched Hugging Face forward passes; vllm: a vLLM worker process (make venv-vllm)."
+    )
+    vllm_compile: bool = Field(
+        False, description="vLLM: torch.compile (minutes to start, cached under the cache dir) instead of eager."
+    )
+    vllm_kv_cache_mb: int = Field(512, ge=16, description="vLLM: KV-cache memory of the worker, in MiB.")
 
     def config(self, seed: int, progress: bool = True) -> RolloutConfig:
         return RolloutConfig(**self.model_dump(), seed=seed, progress=progress)

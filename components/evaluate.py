@@ -130,6 +130,9 @@ class RolloutLimits(_Spec):
     max_new_tokens: int = Field(256, ge=1, description="Tokens per assistant turn.")
     max_total_tokens: int = Field(4096, ge=64, description="Tokens per episode (prompt, turns, observations).")
     batch_size: int = Field(8, ge=1, description="Episodes generated together.")
+    engine: Literal["hf", "vllm"] = Field("hf", description="hf: batched HF forwards; vllm: a vLLM worker process.")
+    vllm_compile: bool = Field(False, description="vLLM: torch.compile the model instead of running eager.")
+    vllm_kv_cache_mb: int = Field(512, ge=16, description="vLLM: memory for its KV cache.")
 
 
 class CodeSpec(_Spec):
@@ -315,6 +318,9 @@ def rollout_config(bench: BenchmarkSpec, spec: EvaluateSpec) -> RolloutConfig:
         batch_size=limits["batch_size"],
         seed=spec.seed,
         progress=spec.progress,
+        engine=spec.rollout.engine,
+        vllm_compile=spec.rollout.vllm_compile,
+        vllm_kv_cache_mb=spec.rollout.vllm_kv_cache_mb,
     )
 
 
@@ -420,11 +426,27 @@ def evaluate(spec: EvaluateSpec) -> StageResult:
     with _policy_model(spec, store) as loaded:
         seconds["load"] = round(time.monotonic() - t_start, 2)
 
+        vllm: list[Any] = []  # one vLLM worker for every benchmark (rollout.engine=vllm), started on first use
+        longest = max((rollout_config(b, spec).max_total_tokens for b, *_ in plan), default=4096)
+
         def student(bench: BenchmarkSpec, cfg: RolloutConfig) -> Policy:
-            engine = RolloutEngine(loaded.model, loaded.tokenizer, cfg)
+            if cfg.engine == "vllm":
+                from lopd_core.vllm_engine import VllmRolloutEngine, VllmServer
+
+                if not vllm:
+                    vllm.append(VllmServer(loaded.model, max_model_len=longest + 1, seed=spec.seed,
+                                           enforce_eager=not cfg.vllm_compile,
+                                           kv_cache_bytes=cfg.vllm_kv_cache_mb << 20))  # fmt: skip
+                engine: RolloutEngine = VllmRolloutEngine(loaded.model, loaded.tokenizer, cfg, server=vllm[0])
+            else:
+                engine = RolloutEngine(loaded.model, loaded.tokenizer, cfg)
             return lambda episodes: engine.run(episodes, desc=bench.label)
 
-        benchmarks = _run_plan(plan, spec, student, "none", seconds, all_records, all_trajectories)
+        try:
+            benchmarks = _run_plan(plan, spec, student, "none", seconds, all_records, all_trajectories)
+        finally:
+            for server in vllm:
+                server.close()
         if spec.latent_eval:
             with tempfile.TemporaryDirectory(prefix="lopd-eval-bank-") as tmp:
                 bank, teacher = _latent_policy(spec, loaded, Path(tmp))

@@ -10,6 +10,7 @@ checkpoint_every` steps. Re-running the same spec resumes from the last checkpoi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import sys
@@ -184,10 +185,33 @@ def train(spec: TrainSpec) -> StageResult:
         sink = run.metrics_sink()
         step = TrainStep(models, ChatSerializer(tok, cfg.max_seq_len), strategy, objective, cfg, sink)
 
+        vllm = None  # rollout.engine=vllm: one worker for the whole run, the student's weights loaded after each step
+        if spec.rollout.engine == "vllm":
+            from lopd_core.vllm_engine import VllmRolloutEngine
+
+            with models.acting_student() as acting:
+                vllm = bank_scope.enter_context(
+                    VllmRolloutEngine(acting, tok, spec.rollout.config(cfg.seed, progress=False))
+                )
+            synced = [False]
+
+            def sync() -> None:
+                with models.acting_student() as acting:
+                    vllm.sync_weights(acting)
+                synced[0] = True
+
+            step.after_update.append(sync)
+
         def rollout(batch):  # type: ignore[no-untyped-def]
             # a fresh, reproducible stream per step, and per rank (rank 0 draws the one-rank stream)
             seed = cfg.seed * 1_000_003 + step.step_index + world.rank * RANK_SEED_STRIDE
-            engine = RolloutEngine(models.student, tok, spec.rollout.config(seed, progress=False))
+            config = spec.rollout.config(seed, progress=False)
+            if vllm is not None:
+                if not synced[0]:  # the first rollout: weights may have been restored from a checkpoint since start
+                    sync()
+                vllm.config = dataclasses.replace(config, reuse_cache=False)
+                return vllm.run([suite.episode(t) for t in batch])
+            engine = RolloutEngine(models.student, tok, config)
             return engine.run([suite.episode(t) for t in batch])
 
         def on_checkpoint(path: Path, n: int) -> None:

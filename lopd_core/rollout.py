@@ -39,6 +39,8 @@ from lopd_core.conversation import Message, Trajectory
 from lopd_core.envs.base import Episode
 from lopd_core.serialization import ChatSerializer
 
+ENGINES = ("hf", "vllm")
+
 
 @dataclass(frozen=True)
 class RolloutConfig:
@@ -51,8 +53,13 @@ class RolloutConfig:
     seed: int = 0
     progress: bool = True  # a progress bar over episodes
     reuse_cache: bool = True  # keep each episode's keys/values between turns; share system-prompt prefixes
+    engine: str = "hf"  # "hf" (this module) | "vllm" (lopd_core.vllm_engine: a vLLM worker process)
+    vllm_compile: bool = False  # vLLM: torch.compile the model (minutes to start, faster after) instead of eager
+    vllm_kv_cache_mb: int = 512  # vLLM: memory for its KV cache
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"rollout engine must be one of {ENGINES}, got {self.engine!r}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
         if min(self.max_turns, self.max_new_tokens, self.max_total_tokens, self.batch_size) < 1:
@@ -112,6 +119,15 @@ class RolloutEngine:
         self._reuse = self.config.reuse_cache
         self._reuse_checked: bool | None = None  # whether the model's cache supports reuse (checked once)
         self.stats: dict[str, float] = {}  # of the last run: generated tokens, seconds, forward passes, ...
+
+    def close(self) -> None:
+        """Release what the engine holds (the HF engine holds nothing; the vLLM engine its worker process)."""
+
+    def __enter__(self) -> RolloutEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------------------------------- episodes
 
@@ -374,6 +390,22 @@ class RolloutEngine:
             return self.model(**kwargs, logits_to_keep=1)
         except TypeError:  # a model without logits_to_keep
             return self.model(**kwargs)
+
+
+def make_engine(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    config: RolloutConfig | None = None,
+    serializer: ChatSerializer | None = None,
+) -> RolloutEngine:
+    """The engine that `config.engine` names: `RolloutEngine` ("hf") or `VllmRolloutEngine` ("vllm", which
+    starts a worker process: close it, or use the engine as a context manager)."""
+    config = config or RolloutConfig()
+    if config.engine == "vllm":
+        from lopd_core.vllm_engine import VllmRolloutEngine
+
+        return VllmRolloutEngine(model, tokenizer, config, serializer)
+    return RolloutEngine(model, tokenizer, config, serializer)
 
 
 def _layers(cache: Any, probe: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]] | None:

@@ -128,6 +128,9 @@ class TrainStep:
         self.cfg = cfg
         self.sink = sink
         self.step_index = 0
+        # Called after every optimizer step (e.g. loading the new student weights into a vLLM rollout engine);
+        # their time is logged as `sync_seconds`.
+        self.after_update: list[Callable[[], object]] = []
         self.optimizer = torch.optim.AdamW(
             [
                 {"params": models.student_parameters(), "lr": cfg.student_lr, "name": "student"},
@@ -196,6 +199,11 @@ class TrainStep:
             shared = merge_metrics(self.world, shared, {})
         self.objective.after_step(shared)
         self.strategy.after_step()
+        if self.after_update:
+            t_sync = time.perf_counter()
+            for hook in self.after_update:
+                hook()
+            metrics["sync_seconds"] = time.perf_counter() - t_sync
 
         metrics.update(self.strategy.metrics())
         if inputs is not None:
