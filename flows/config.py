@@ -72,8 +72,11 @@ class SweepLOPDConfig(LOPDConfig):
     """The method's hyperparameters as the pipeline takes them: `method` and `seed` are left out of the form,
     because the sweep sets them for every member (`methods`, `seeds`, `variants`)."""
 
-    method: SkipJsonSchema[MethodName] = Field("lopd", description="Set per arm by the sweep (methods, variants).")
-    seed: SkipJsonSchema[int] = Field(0, description="Set per member by the sweep (seeds).")
+    # Left out of the form and of the dump (exclude): a run request carrying them would fail the form's schema.
+    method: SkipJsonSchema[MethodName] = Field(
+        "lopd", exclude=True, description="Set per arm by the sweep (methods, variants)."
+    )
+    seed: SkipJsonSchema[int] = Field(0, exclude=True, description="Set per member by the sweep (seeds).")
     encoder_lora: LoraSpec = Field(
         LoraSpec(), description="LoRA of the experience encoder (the composer's).", json_schema_extra=FOLDED
     )

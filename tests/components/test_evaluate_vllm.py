@@ -24,9 +24,10 @@ def test_vllm_evaluation_toolworld_bfcl_humaneval(tmp_path: Path) -> None:
         {"name": "humaneval", "sample": 2},
     ]
     rollout = {"max_turns": 2, "max_new_tokens": 12, "batch_size": 4, "engine": "vllm"}
-    result = evaluate(tiny_spec(tmp_path, benchmarks=benchmarks, rollout=rollout))
-    bench = result.metrics["benchmarks"]
-    assert list(bench) == ["toolworld", "bfcl", "humaneval"]
+    spec = tiny_spec(tmp_path, benchmarks=benchmarks, rollout=rollout)
+    result = evaluate(spec)
+    bench = spec.store().read_json(result.artifacts["metrics"])["benchmarks"]
+    assert sorted(bench) == ["bfcl", "humaneval", "toolworld"]
     assert bench["toolworld"]["n_tasks"] == 2 and bench["bfcl"]["n_tasks"] == 1 and bench["humaneval"]["n_tasks"] == 2
     for data in bench.values():
         head = data["headline"]
