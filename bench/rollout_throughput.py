@@ -102,12 +102,11 @@ def measure(engine: RolloutEngine, tasks: list, suite) -> dict:
 
 
 def measure_vllm(model, tokenizer, config: RolloutConfig, tasks: list, suite, compile_: bool) -> dict:
-    from dataclasses import replace
 
     from lopd_core.vllm_engine import VllmRolloutEngine
 
     t0 = time.perf_counter()
-    engine = VllmRolloutEngine(model, tokenizer, replace(config, engine="vllm", vllm_compile=compile_))
+    engine = VllmRolloutEngine(model, tokenizer, config.model_copy(update={"engine": "vllm", "vllm_compile": compile_}))
     out: dict = {"vllm_startup_s": round(time.perf_counter() - t0, 2), "vllm_compiled": compile_}
     try:
         out["vllm_first_run"] = measure(engine, tasks, suite)

@@ -18,7 +18,6 @@ import torch
 from pydantic import Field
 
 from components.common import (
-    RolloutSpec,
     StageResult,
     StageSpec,
     backbone_label,
@@ -29,7 +28,7 @@ from components.common import (
     write_trajectories,
 )
 from lopd_core.artifacts import ArtifactRef
-from lopd_core.rollout import make_engine, summarize
+from lopd_core.rollout import RolloutConfig, make_engine, summarize
 
 
 class CollectSpec(StageSpec):
@@ -40,7 +39,7 @@ class CollectSpec(StageSpec):
     n_tasks: int | None = Field(None, ge=1)  # a seeded sample of the training split; None = all
     difficulties: list[int] | None = None  # keep only these difficulty levels
     samples_per_task: int = Field(1, ge=1)
-    rollout: RolloutSpec = RolloutSpec()
+    rollout: RolloutConfig = RolloutConfig()
     checkpoint: ArtifactRef | None = None  # roll out this trained student instead of the base model
     success_threshold: float = Field(1.0, ge=0, le=1)
     seed: int = 0
@@ -72,7 +71,7 @@ def collect(spec: CollectSpec) -> StageResult:
             model_cm = contextlib.nullcontext(model)
         episodes = [suite.episode(t) for t in tasks for _ in range(spec.samples_per_task)]
         t0 = time.time()
-        with model_cm as model, make_engine(model, tokenizer, spec.rollout.config(spec.seed)) as engine:
+        with model_cm as model, make_engine(model, tokenizer, spec.rollout.seeded(spec.seed)) as engine:
             trajectories = engine.run(episodes, "collect")
         for t in trajectories:
             t.metadata["run_id"] = run.run_id

@@ -1,4 +1,4 @@
-"""What every stage component shares: the spec base class, suites by name, rollout settings, the CLI runner.
+"""What every stage component shares: the spec base class, suites by name, the CLI runner.
 
 A stage is `fn(spec) -> result`, both pydantic models, so it runs the same in-process (the Prefect flow calls
 the function), in a container or a Kubernetes pod (`python -m components.<stage> --spec spec.yaml`), and the
@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,7 +25,6 @@ from components.artifacts import ArtifactStore
 from lopd_core.artifacts import ArtifactRef
 from lopd_core.config import load_model
 from lopd_core.envs.base import Suite, WithValidation
-from lopd_core.rollout import RolloutConfig
 
 SpecT = TypeVar("SpecT", bound="StageSpec")
 logger = logging.getLogger(__name__)
@@ -33,27 +32,6 @@ logger = logging.getLogger(__name__)
 
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class RolloutSpec(Model):
-    """Generation settings for rollouts (lopd_core.rollout.RolloutConfig)."""
-
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature (1.0: the policy's own distribution).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
-    max_turns: int = Field(8, ge=1, description="Assistant turns per episode.")
-    max_new_tokens: int = Field(256, ge=1, description="Tokens per assistant turn.")
-    max_total_tokens: int = Field(4096, ge=64, description="Tokens per episode (prompt, turns, observations).")
-    batch_size: int = Field(8, ge=1, description="Episodes generated together.")
-    engine: Literal["hf", "vllm"] = Field(
-        "hf", description="hf: batched Hugging Face forward passes; vllm: a vLLM worker process (make venv-vllm)."
-    )
-    vllm_compile: bool = Field(
-        False, description="vLLM: torch.compile (minutes to start, cached under the cache dir) instead of eager."
-    )
-    vllm_kv_cache_mb: int = Field(512, ge=16, description="vLLM: KV-cache memory of the worker, in MiB.")
-
-    def config(self, seed: int, progress: bool = True) -> RolloutConfig:
-        return RolloutConfig(**self.model_dump(), seed=seed, progress=progress)
 
 
 class StageSpec(Model):

@@ -7,7 +7,7 @@
     result.artifacts["report"]      # tab. 1/2/3-shaped markdown (also MLflow's report.md); "episodes": records
     result.metrics                  # {"<benchmark>/headline": value, "seconds": total}, like every stage's result
 
-    python -m components.evaluate spec.yaml backbone=tiny 'benchmarks=[humaneval]' decoding.temperature=0.8
+    python -m components.evaluate spec.yaml backbone=tiny 'benchmarks=[humaneval]' rollout.temperature=0.8
 
 Benchmarks: "toolworld" (the built-in suite's 200 held-out tasks; "toolworld-compact" / "toolworld-minimal": the
 same with compact prompts / the environment's id only), "bfcl" (BFCL-v3 multi-turn: base,
@@ -33,10 +33,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from components.artifacts import ArtifactStore
 from components.common import StageResult, StageSpec, fields_help, load_stage_spec, open_suite, run_stage_cli
@@ -119,20 +119,27 @@ class BenchmarkSpec(_Spec):
 
 
 class DecodingSpec(_Spec):
-    temperature: float = Field(0.0, ge=0, description="0 = greedy (deterministic).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
+    """Samples per code task for pass@k; temperature and top_p are the rollout's (`rollout.temperature`)."""
+
     n: int = Field(1, ge=1, description="Samples per code task (pass@k needs n at least k, temperature above 0).")
     k: list[int] = Field(default_factory=lambda: [1], description="pass@k values reported for code benchmarks.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        moved = sorted({"temperature", "top_p"} & set(data)) if isinstance(data, dict) else []
+        if moved:
+            raise ValueError(f"decoding.{moved[0]} is now rollout.{moved[0]} (one rollout-settings type)")
+        return data
 
-class RolloutLimits(_Spec):
-    max_turns: int = Field(8, ge=1, description="Assistant turns per episode.")
-    max_new_tokens: int = Field(256, ge=1, description="Tokens per assistant turn.")
-    max_total_tokens: int = Field(4096, ge=64, description="Tokens per episode (prompt, turns, observations).")
-    batch_size: int = Field(8, ge=1, description="Episodes generated together.")
-    engine: Literal["hf", "vllm"] = Field("hf", description="hf: batched HF forwards; vllm: a vLLM worker process.")
-    vllm_compile: bool = Field(False, description="vLLM: torch.compile the model instead of running eager.")
-    vllm_kv_cache_mb: int = Field(512, ge=16, description="vLLM: memory for its KV cache.")
+
+def _greedy_by_default(value: Any) -> Any:
+    """An evaluation's rollout settings decode greedily unless they name a temperature."""
+    return {"temperature": 0.0, **value} if isinstance(value, dict) else value
+
+
+GREEDY = RolloutConfig(temperature=0.0)
+EvalRollout = Annotated[RolloutConfig, BeforeValidator(_greedy_by_default)]
 
 
 class CodeSpec(_Spec):
@@ -165,7 +172,7 @@ class EvaluateSpec(StageSpec):
         default_factory=lambda: [BenchmarkSpec(name=n) for n in ("toolworld", "bfcl", "humaneval")]
     )
     decoding: DecodingSpec = DecodingSpec()
-    rollout: RolloutLimits = RolloutLimits()
+    rollout: EvalRollout = Field(GREEDY, description="Decoding and limits of an episode (greedy by default).")
     code: CodeSpec = CodeSpec()
     seed: int = 0
     latent_eval: bool = Field(False, description="Also evaluate the latent teacher (needs an LOPD checkpoint + bank).")
@@ -193,8 +200,8 @@ class EvaluateSpec(StageSpec):
         d = self.decoding
         if max(d.k) > d.n:
             raise ValueError(f"pass@{max(d.k)} needs decoding.n >= {max(d.k)} samples per task, got n={d.n}")
-        if d.n > 1 and d.temperature == 0:
-            raise ValueError("several samples per task need sampling: set decoding.temperature > 0")
+        if d.n > 1 and self.rollout.temperature == 0:
+            raise ValueError("several samples per task need sampling: set rollout.temperature > 0")
         if self.latent_eval and (self.checkpoint is None or self.bank is None):
             raise ValueError("latent_eval needs the checkpoint of an LOPD run and a bank snapshot (`bank`)")
         return self
@@ -303,25 +310,14 @@ def build_benchmark(bench: BenchmarkSpec, spec: EvaluateSpec) -> tuple[Suite, li
 
 
 def rollout_config(bench: BenchmarkSpec, spec: EvaluateSpec) -> RolloutConfig:
-    limits = {**spec.rollout.model_dump(), **DEFAULT_LIMITS.get(bench.name, {})}
+    """The spec's rollout settings with the benchmark's own limits (its defaults, then the entry's fields)."""
+    limits = dict(DEFAULT_LIMITS.get(bench.name, {}))
     if bench.kind == "code":
         limits.update(max_turns=1, max_new_tokens=spec.code.max_new_tokens)
     for name in ("max_turns", "max_new_tokens", "max_total_tokens"):
         if getattr(bench, name) is not None:
             limits[name] = getattr(bench, name)
-    return RolloutConfig(
-        temperature=spec.decoding.temperature,
-        top_p=spec.decoding.top_p,
-        max_turns=limits["max_turns"],
-        max_new_tokens=limits["max_new_tokens"],
-        max_total_tokens=limits["max_total_tokens"],
-        batch_size=limits["batch_size"],
-        seed=spec.seed,
-        progress=spec.progress,
-        engine=spec.rollout.engine,
-        vllm_compile=spec.rollout.vllm_compile,
-        vllm_kv_cache_mb=spec.rollout.vllm_kv_cache_mb,
-    )
+    return spec.rollout.model_copy(update=limits).seeded(spec.seed, spec.progress)
 
 
 def evaluate_benchmark(
@@ -463,7 +459,11 @@ def evaluate(spec: EvaluateSpec) -> StageResult:
         "format": FORMAT_VERSION,
         "name": label,
         "model": description,
-        "decoding": spec.decoding.model_dump(mode="json"),
+        "decoding": {
+            "temperature": spec.rollout.temperature,
+            "top_p": spec.rollout.top_p,
+            **spec.decoding.model_dump(),
+        },
         "seed": spec.seed,
         "spec_hash": sha256_json(spec.model_dump(mode="json", exclude=set(RUN_FIELDS))),
         "scale": "scores in percent (0-100); mean reward x 100",

@@ -10,7 +10,6 @@ checkpoint_every` steps. Re-running the same spec resumes from the last checkpoi
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import sys
@@ -22,7 +21,6 @@ from pydantic import Field, model_validator
 
 from components.common import (
     NullRun,
-    RolloutSpec,
     StageResult,
     StageSpec,
     backbone_label,
@@ -41,7 +39,7 @@ from lopd_core.checkpoint import load_model_tensors
 from lopd_core.config import LOPDConfig, ScheduleConfig
 from lopd_core.distributed import init_distributed
 from lopd_core.models import build_models
-from lopd_core.rollout import RolloutEngine
+from lopd_core.rollout import RolloutConfig, RolloutEngine
 from lopd_core.serialization import ChatSerializer
 from lopd_core.step import TrainStep, build_method
 from lopd_core.training import train_loop
@@ -60,7 +58,7 @@ class TrainSpec(StageSpec):
     composer: ArtifactRef | None = None  # cold-start output (LOPD)
     lopd: LOPDConfig = LOPDConfig()
     schedule: ScheduleConfig = ScheduleConfig()
-    rollout: RolloutSpec = RolloutSpec()
+    rollout: RolloutConfig = RolloutConfig()
     n_train_tasks: int | None = Field(None, ge=1)  # restrict to a seeded sample of the training split
     difficulties: list[int] | None = None
     resume: bool = True  # continue from this spec's last checkpoint when there is one
@@ -191,7 +189,7 @@ def train(spec: TrainSpec) -> StageResult:
 
             with models.acting_student() as acting:
                 vllm = bank_scope.enter_context(
-                    VllmRolloutEngine(acting, tok, spec.rollout.config(cfg.seed, progress=False))
+                    VllmRolloutEngine(acting, tok, spec.rollout.seeded(cfg.seed, progress=False))
                 )
             synced = [False]
 
@@ -205,11 +203,11 @@ def train(spec: TrainSpec) -> StageResult:
         def rollout(batch):  # type: ignore[no-untyped-def]
             # a fresh, reproducible stream per step, and per rank (rank 0 draws the one-rank stream)
             seed = cfg.seed * 1_000_003 + step.step_index + world.rank * RANK_SEED_STRIDE
-            config = spec.rollout.config(seed, progress=False)
+            config = spec.rollout.seeded(seed, progress=False)
             if vllm is not None:
                 if not synced[0]:  # the first rollout: weights may have been restored from a checkpoint since start
                     sync()
-                vllm.config = dataclasses.replace(config, reuse_cache=False)
+                vllm.config = config.model_copy(update={"reuse_cache": False})
                 return vllm.run([suite.episode(t) for t in batch])
             engine = RolloutEngine(models.student, tok, config)
             return engine.run([suite.episode(t) for t in batch])

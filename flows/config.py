@@ -18,8 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from components.common import RolloutSpec
-from components.evaluate import BenchmarkSpec, DecodingSpec, RolloutLimits
+from components.evaluate import GREEDY, BenchmarkSpec, DecodingSpec, EvalRollout
 from lopd_core.config import (
     BaselineConfig,
     ColdStartConfig,
@@ -31,6 +30,7 @@ from lopd_core.config import (
     load_model,
     set_dotted,
 )
+from lopd_core.rollout import RolloutConfig
 
 Method = MethodName
 RemoteStage = Literal["sft", "collect", "cold_start", "train", "evaluate"]
@@ -97,8 +97,8 @@ class CollectParams(Model):
     difficulties: list[int] | None = Field(None, description="Keep only these difficulty levels (null = all).")
     samples_per_task: int = Field(1, ge=1, description="Rollouts per task.")
     seed: int = Field(0, description="Task sample and sampling seed of the collection.")
-    rollout: RolloutSpec = Field(
-        RolloutSpec(), description="Generation settings of the collection rollouts.", json_schema_extra=FOLDED
+    rollout: RolloutConfig = Field(
+        RolloutConfig(), description="Generation settings of the collection rollouts.", json_schema_extra=FOLDED
     )
 
 
@@ -120,8 +120,10 @@ class TrainParams(Model):
     schedule: ScheduleConfig = Field(
         ScheduleConfig(), description="The outer loop of Algorithm 1: steps, tasks and samples per step."
     )
-    rollout: RolloutSpec = Field(
-        RolloutSpec(), description="Generation settings of the student's training rollouts.", json_schema_extra=FOLDED
+    rollout: RolloutConfig = Field(
+        RolloutConfig(),
+        description="Generation settings of the student's training rollouts.",
+        json_schema_extra=FOLDED,
     )
     n_train_tasks: int | None = Field(None, ge=1, description="Restrict to a seeded sample of the training split.")
     difficulties: list[int] | None = Field(None, description="Train only on these difficulty levels.")
@@ -147,10 +149,12 @@ class EvalParams(Model):
         json_schema_extra=_fold_benchmarks,
     )
     decoding: DecodingSpec = Field(
-        DecodingSpec(), description="Decoding of the evaluation (greedy by default).", json_schema_extra=FOLDED
+        DecodingSpec(), description="Samples per code task for pass@k.", json_schema_extra=FOLDED
     )
-    rollout: RolloutLimits = Field(
-        RolloutLimits(), description="Turn and token limits of an evaluation episode.", json_schema_extra=FOLDED
+    rollout: EvalRollout = Field(
+        GREEDY,
+        description="Decoding and limits of an evaluation episode (greedy unless it names a temperature).",
+        json_schema_extra=FOLDED,
     )
     seed: int = Field(0, description="Task sample seed (the same tasks for every model).")
     base: bool = Field(True, description="Also evaluate the base model: the reference row of the table.")

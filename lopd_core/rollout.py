@@ -28,9 +28,11 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
@@ -39,31 +41,36 @@ from lopd_core.conversation import Message, Trajectory
 from lopd_core.envs.base import Episode
 from lopd_core.serialization import ChatSerializer
 
-ENGINES = ("hf", "vllm")
 
+class RolloutConfig(BaseModel):
+    """Generation settings of rollouts: the one type behind every stage's `rollout` field (collect, train and
+    evaluate specs, the pipeline form) and the engines. `seed` and `progress` are set by the stage that runs the
+    engine (`seeded`), so they are kept out of forms and dumps."""
 
-@dataclass(frozen=True)
-class RolloutConfig:
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    max_turns: int = 8  # assistant turns per episode
-    max_new_tokens: int = 256  # per turn
-    max_total_tokens: int = 4096  # per episode: prompt plus every turn and observation
-    batch_size: int = 8  # episodes generated together
-    seed: int = 0
-    progress: bool = True  # a progress bar over episodes
-    reuse_cache: bool = True  # keep each episode's keys/values between turns; share system-prompt prefixes
-    engine: str = "hf"  # "hf" (this module) | "vllm" (lopd_core.vllm_engine: a vLLM worker process)
-    vllm_compile: bool = False  # vLLM: torch.compile the model (minutes to start, faster after) instead of eager
-    vllm_kv_cache_mb: int = 512  # vLLM: memory for its KV cache
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            raise ValueError(f"rollout engine must be one of {ENGINES}, got {self.engine!r}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
-        if min(self.max_turns, self.max_new_tokens, self.max_total_tokens, self.batch_size) < 1:
-            raise ValueError("max_turns, max_new_tokens, max_total_tokens and batch_size must be positive")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy; 1.0: the policy's own).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
+    max_turns: int = Field(8, ge=1, description="Assistant turns per episode.")
+    max_new_tokens: int = Field(256, ge=1, description="Tokens per assistant turn.")
+    max_total_tokens: int = Field(4096, ge=1, description="Tokens per episode (prompt, turns, observations).")
+    batch_size: int = Field(8, ge=1, description="Episodes generated together.")
+    reuse_cache: bool = Field(
+        True, description="Keep each episode's keys/values between turns and share system-prompt prefixes (hf)."
+    )
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="hf: batched Hugging Face forward passes; vllm: a vLLM worker process (make venv-vllm)."
+    )
+    vllm_compile: bool = Field(
+        False, description="vLLM: torch.compile (minutes to start, cached under the cache dir) instead of eager."
+    )
+    vllm_kv_cache_mb: int = Field(512, ge=16, description="vLLM: KV-cache memory of the worker, in MiB.")
+    seed: SkipJsonSchema[int] = Field(0, exclude=True, description="Sampling seed (set by the stage).")
+    progress: SkipJsonSchema[bool] = Field(True, exclude=True, description="A progress bar over episodes.")
+
+    def seeded(self, seed: int, progress: bool = True) -> RolloutConfig:
+        """These settings with the stage's seed and progress choice."""
+        return self.model_copy(update={"seed": seed, "progress": progress})
 
 
 @dataclass

@@ -27,7 +27,6 @@ untempered logits, as in the HF engine.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.util
 import json
 import os
@@ -317,10 +316,10 @@ class VllmRolloutEngine(RolloutEngine):
             model, max_model_len=cfg.max_total_tokens + 1, seed=cfg.seed, enforce_eager=not cfg.vllm_compile,
             kv_cache_bytes=cfg.vllm_kv_cache_mb << 20,
         )  # fmt: skip
-        self.config = dataclasses.replace(cfg, reuse_cache=False)
+        self.config = cfg.model_copy(update={"reuse_cache": False})
 
     def run(self, episodes: Sequence[Episode], desc: str = "rollout") -> list[Trajectory]:
-        self.config = dataclasses.replace(self.config, reuse_cache=False)  # vLLM's prefix cache does this
+        self.config = self.config.model_copy(update={"reuse_cache": False})  # vLLM's prefix cache does this
         return super().run(episodes, desc)
 
     def sync_weights(self, model: torch.nn.Module | None = None) -> float:

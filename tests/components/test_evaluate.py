@@ -71,7 +71,9 @@ def run_eval(spec: EvaluateSpec) -> Evaluated:
 def test_spec_defaults_bare_names_and_validation(tmp_path: Path) -> None:
     spec = EvaluateSpec()
     assert [b.name for b in spec.benchmarks] == ["toolworld", "bfcl", "humaneval"]
-    assert spec.decoding.temperature == 0.0 and spec.decoding.n == 1
+    assert spec.rollout.temperature == 0.0 and spec.decoding.n == 1
+    assert EvaluateSpec(rollout={"max_turns": 2}).rollout.temperature == 0.0  # greedy unless a temperature is named
+    assert EvaluateSpec(rollout={"temperature": 0.5}).rollout.temperature == 0.5
     spec = EvaluateSpec(benchmarks=["humaneval", {"name": "bfcl", "sample": 3}])
     assert spec.benchmarks[1].sample == 3 and spec.benchmarks[0].label == "humaneval"
     bad = [
@@ -82,19 +84,22 @@ def test_spec_defaults_bare_names_and_validation(tmp_path: Path) -> None:
         {"decoding": {"n": 1, "k": [1, 5]}},  # pass@5 needs 5 samples
         {"decoding": {"n": 5, "k": [1, 5]}},  # several samples need sampling
         {"latent_eval": True},  # needs a checkpoint and a bank
+        {"decoding": {"temperature": 0.8}},  # moved to rollout.temperature
         {"benchmarks": ["acebench"]},  # loader only: not evaluable here
     ]
     for data in bad:
         with pytest.raises(ValueError):
             EvaluateSpec.model_validate(data)
-    EvaluateSpec.model_validate({"decoding": {"n": 5, "k": [1, 5], "temperature": 0.8}})
+    EvaluateSpec.model_validate({"decoding": {"n": 5, "k": [1, 5]}, "rollout": {"temperature": 0.8}})
+    with pytest.raises(ValueError, match=r"decoding\.top_p is now rollout\.top_p"):
+        EvaluateSpec.model_validate({"decoding": {"top_p": 0.9}})
 
 
 def test_spec_from_a_file_plus_overrides(tmp_path: Path) -> None:
     path = tmp_path / "eval.yaml"
-    path.write_text("backbone: tiny\nbenchmarks: [humaneval]\ndecoding:\n  top_p: 0.9\n")
-    spec = load_spec(path, ["decoding.temperature=0.7", "benchmarks=[{name: bfcl, sample: 2}]", "tags={a: b}"])
-    assert spec.backbone == "tiny" and spec.decoding.top_p == 0.9 and spec.decoding.temperature == 0.7
+    path.write_text("backbone: tiny\nbenchmarks: [humaneval]\nrollout:\n  top_p: 0.9\n")
+    spec = load_spec(path, ["rollout.temperature=0.7", "benchmarks=[{name: bfcl, sample: 2}]", "tags={a: b}"])
+    assert spec.backbone == "tiny" and spec.rollout.top_p == 0.9 and spec.rollout.temperature == 0.7
     assert spec.benchmarks[0].name == "bfcl" and spec.tags == {"a": "b"}
     json_path = tmp_path / "eval.json"
     json_path.write_text(json.dumps({"backbone": "tiny", "seed": 3}))
@@ -121,8 +126,8 @@ def test_cli_help_lists_the_fields_and_print_spec(capsys: pytest.CaptureFixture[
         main(["--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    for field in ("backbone", "checkpoint", "benchmarks", "decoding.temperature", "rollout.max_turns", "latent_eval",
-                  "tracking_uri", "parent_run_id", "start_date", "sample"):  # fmt: skip
+    for field in ("backbone", "checkpoint", "benchmarks", "decoding.n", "rollout.temperature", "rollout.max_turns",
+                  "latent_eval", "tracking_uri", "parent_run_id", "start_date", "sample"):  # fmt: skip
         assert field in out, field
     assert main(["--print-spec", "backbone=tiny", "benchmarks=[humaneval]"]) == 0
     assert "backbone: tiny" in capsys.readouterr().out

@@ -151,3 +151,27 @@ def test_lopd_refuses_an_empty_bank_unless_allowed(chain, tmp_path, caplog):
     records = result.metrics["n_records"]
     assert records > 0 and result.metrics["n_placeholder_experiences"] == 3 * records  # J slots, all placeholders
     assert chain["train"].metrics["n_placeholder_experiences"] == 0.0  # the chain's bank fills every slot
+
+
+def test_one_stage_contract_and_one_rollout_type():
+    """Every stage spec subclasses StageSpec; every `rollout` field, in stage specs and the pipeline form, is
+    lopd_core.rollout.RolloutConfig, and the stage's seed reaches the engine without entering dumps or forms."""
+    import typing
+
+    from components.common import StageSpec
+    from components.evaluate import EvaluateSpec
+    from components.sft import SFTSpec
+    from flows.config import CollectParams, EvalParams, TrainParams
+    from flows.report import ReportSpec
+    from lopd_core.rollout import RolloutConfig
+
+    for spec in (CollectSpec, BankSpec, ColdStartSpec, TrainSpec, SFTSpec, EvaluateSpec, ReportSpec):
+        assert issubclass(spec, StageSpec), spec
+    for model in (CollectSpec, TrainSpec, EvaluateSpec, CollectParams, TrainParams, EvalParams):
+        annotation = model.model_fields["rollout"].annotation
+        assert RolloutConfig in (annotation, *typing.get_args(annotation)), model
+    config = RolloutConfig(temperature=0.5).seeded(7, progress=False)
+    assert (config.seed, config.progress, config.temperature) == (7, False, 0.5)
+    assert "seed" not in config.model_dump() and "seed" not in RolloutConfig.model_json_schema()["properties"]
+    with pytest.raises(ValueError, match="engine"):
+        RolloutConfig(engine="sglang")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -103,7 +101,7 @@ def test_cache_reuse_across_turns_and_shared_prefixes_changes_nothing(tiny):
     episodes = lambda: [ScriptedEpisode(str(i), finish_after=3, system=system) for i in range(4)]  # noqa: E731
     config = RolloutConfig(temperature=1.0, max_turns=3, batch_size=4, max_new_tokens=8, progress=False)
     reuse = RecordingEngine(model, tok, config)
-    plain = RolloutEngine(model, tok, replace(config, reuse_cache=False))
+    plain = RolloutEngine(model, tok, config.model_copy(update={"reuse_cache": False}))
     trajectories = reuse.run(episodes())
     plain.run(episodes())
     assert reuse.stats["prefilled_tokens"] < plain.stats["prefilled_tokens"] / 2

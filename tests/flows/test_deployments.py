@@ -260,9 +260,10 @@ def test_pipeline_form_is_compact():
 
 def test_every_config_field_is_described():
     """Folded groups leave the form, not the models: every field of the configs keeps its description."""
-    from components.evaluate import BenchmarkSpec, DecodingSpec, RolloutLimits
+    from components.evaluate import BenchmarkSpec, DecodingSpec
     from flows.config import PipelineConfig
     from lopd_core.config import LOPDConfig, SFTConfig
+    from lopd_core.rollout import RolloutConfig
 
     def walk(model: Any, prefix: str):
         for name, info in model.model_fields.items():
@@ -271,7 +272,7 @@ def test_every_config_field_is_described():
                 if isinstance(arg, type) and hasattr(arg, "model_fields"):
                     yield from walk(arg, f"{prefix}{name}.")
 
-    models = (PipelineConfig, LOPDConfig, SFTConfig, BenchmarkSpec, DecodingSpec, RolloutLimits)
+    models = (PipelineConfig, LOPDConfig, SFTConfig, BenchmarkSpec, DecodingSpec, RolloutConfig)
     missing = [path for m in models for path, info in walk(m, f"{m.__name__}.") if not info.description]
     assert not missing, missing
 
