@@ -21,8 +21,7 @@ from typing import Any
 
 import fsspec
 
-from lopd_core.artifacts import ArtifactRef, sha256_path
-from lopd_core.backbone import cache_dir
+from lopd_core.artifacts import ArtifactRef, cache_dir, sha256_path
 
 
 def local_path(uri: str | os.PathLike[str]) -> Path:

@@ -13,7 +13,6 @@ import sys
 from pydantic import Field
 
 from components.common import StageResult, StageSpec, open_suite, run_stage_cli, start_tracking
-from components.memory import ExperienceBank, experiences_from_jsonl
 from lopd_core.artifacts import ArtifactRef
 
 
@@ -27,6 +26,9 @@ class BankSpec(StageSpec):
 
 
 def bank(spec: BankSpec) -> StageResult:
+    # the stage's heavy imports load when it runs, so that `--help` stays fast
+    from components.memory import ExperienceBank, experiences_from_jsonl
+
     store = spec.store()
     location = spec.bank_location or str(spec.stage_dir("bank") / "store")
     with start_tracking(spec, "bank", spec.suite, spec) as run:

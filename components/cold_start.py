@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 from pydantic import Field
 
 from components.common import (
@@ -25,13 +24,8 @@ from components.common import (
     run_stage_cli,
     start_tracking,
 )
-from components.memory import open_snapshot
 from lopd_core.artifacts import ArtifactRef
-from lopd_core.checkpoint import save_checkpoint
-from lopd_core.cold_start import cold_start as run_cold_start
 from lopd_core.config import ColdStartConfig, LOPDConfig
-from lopd_core.models import build_models
-from lopd_core.serialization import ChatSerializer
 
 
 class ColdStartSpec(StageSpec):
@@ -47,6 +41,15 @@ class ColdStartSpec(StageSpec):
 
 
 def cold_start(spec: ColdStartSpec) -> StageResult:
+    # the stage's heavy imports load when it runs, so that `--help` stays fast
+    import torch
+
+    from components.memory import open_snapshot
+    from lopd_core.checkpoint import save_checkpoint
+    from lopd_core.cold_start import cold_start as run_cold_start
+    from lopd_core.models import build_models
+    from lopd_core.serialization import ChatSerializer
+
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.lopd.seed)
     store = spec.store()

@@ -14,7 +14,6 @@ import random
 import sys
 import time
 
-import torch
 from pydantic import Field
 
 from components.common import (
@@ -28,7 +27,7 @@ from components.common import (
     write_trajectories,
 )
 from lopd_core.artifacts import ArtifactRef
-from lopd_core.rollout import RolloutConfig, make_engine, summarize
+from lopd_core.config import RolloutConfig
 
 
 class CollectSpec(StageSpec):
@@ -47,6 +46,11 @@ class CollectSpec(StageSpec):
 
 
 def collect(spec: CollectSpec) -> StageResult:
+    # the stage's heavy imports load when it runs, so that `--help` stays fast
+    import torch
+
+    from lopd_core.rollout import make_engine, summarize
+
     torch.set_num_threads(spec.threads)
     suite = open_suite(spec.suite, spec.validation_fraction)
     tasks = suite.tasks("train")

@@ -17,7 +17,6 @@ import random
 import sys
 import time
 
-import torch
 from pydantic import Field
 
 from components.common import (
@@ -33,7 +32,6 @@ from components.common import (
 from lopd_core.artifacts import ArtifactRef
 from lopd_core.config import SFTConfig
 from lopd_core.envs.base import Suite, Task
-from lopd_core.sft import demonstration_stats, demonstrations, sft
 
 
 class SFTSpec(StageSpec):
@@ -69,6 +67,11 @@ def _tasks(suite: Suite, difficulties: list[int] | None) -> list[Task]:
 
 
 def run_sft(spec: SFTSpec) -> StageResult:
+    # the stage's heavy imports load when it runs, so that `--help` stays fast
+    import torch
+
+    from lopd_core.sft import demonstration_stats, demonstrations, sft
+
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.sft.seed)
     cfg = spec.sft

@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 from pydantic import Field, model_validator
 
 from components.common import (
@@ -32,17 +31,9 @@ from components.common import (
     start_tracking,
     under_torchrun,
 )
-from components.memory import open_snapshot
 from lopd_core import skills
 from lopd_core.artifacts import ArtifactRef
-from lopd_core.checkpoint import load_model_tensors
-from lopd_core.config import LOPDConfig, ScheduleConfig
-from lopd_core.distributed import init_distributed
-from lopd_core.models import build_models
-from lopd_core.rollout import RolloutConfig, RolloutEngine
-from lopd_core.serialization import ChatSerializer
-from lopd_core.step import TrainStep, build_method
-from lopd_core.training import train_loop
+from lopd_core.config import LOPDConfig, RolloutConfig, ScheduleConfig
 
 logger = logging.getLogger(__name__)
 RANK_SEED_STRIDE = 1_000_000_007  # rollout seeds of rank r are offset by r * this
@@ -118,6 +109,18 @@ def _check_bank_size(count: int, cfg: LOPDConfig, snapshot: ArtifactRef) -> None
 
 
 def train(spec: TrainSpec) -> StageResult:
+    # the stage's heavy imports load when it runs, so that `--help` stays fast
+    import torch
+
+    from components.memory import open_snapshot
+    from lopd_core.checkpoint import load_model_tensors
+    from lopd_core.distributed import init_distributed
+    from lopd_core.models import build_models
+    from lopd_core.rollout import RolloutEngine
+    from lopd_core.serialization import ChatSerializer
+    from lopd_core.step import TrainStep, build_method
+    from lopd_core.training import train_loop
+
     if spec.nproc > 1 and not under_torchrun():
         return launch_torchrun(spec, "components.train", spec.nproc)
     world = init_distributed()  # the one-rank world unless torchrun started this process

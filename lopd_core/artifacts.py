@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,3 +74,8 @@ def sha256_path(path: str | Path) -> str:
 def sha256_json(obj: Any) -> str:
     """Digest of a JSON-serialisable object in canonical form (sorted keys, no whitespace)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def cache_dir() -> Path:
+    """The directory for converted models and other rebuildable caches (`$LOPD_CACHE`, default ~/.cache/lopd)."""
+    return Path(os.environ.get("LOPD_CACHE", Path.home() / ".cache" / "lopd")).expanduser()

@@ -36,6 +36,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from lopd_core.artifacts import cache_dir
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -44,11 +46,6 @@ CHATML_TEMPLATE = (
 )
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIR = "smollm2-135m-instruct"
-
-
-def cache_dir() -> Path:
-    """The directory for converted models and other rebuildable caches (`$LOPD_CACHE`, default ~/.cache/lopd)."""
-    return Path(os.environ.get("LOPD_CACHE", Path.home() / ".cache" / "lopd")).expanduser()
 
 
 @dataclass(frozen=True)

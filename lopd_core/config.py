@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.json_schema import SkipJsonSchema
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -325,3 +326,34 @@ class LOPDConfig(StrictModel):
     def n_latents(self) -> int:
         """J*K: the length of the teacher's placeholder span."""
         return self.n_retrieved * self.n_queries
+
+
+class RolloutConfig(BaseModel):
+    """Generation settings of rollouts: the one type behind every stage's `rollout` field (collect, train and
+    evaluate specs, the pipeline form) and the engines. `seed` and `progress` are set by the stage that runs the
+    engine (`seeded`), so they are kept out of forms and dumps."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy; 1.0: the policy's own).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
+    max_turns: int = Field(8, ge=1, description="Assistant turns per episode.")
+    max_new_tokens: int = Field(256, ge=1, description="Tokens per assistant turn.")
+    max_total_tokens: int = Field(4096, ge=1, description="Tokens per episode (prompt, turns, observations).")
+    batch_size: int = Field(8, ge=1, description="Episodes generated together.")
+    reuse_cache: bool = Field(
+        True, description="Keep each episode's keys/values between turns and share system-prompt prefixes (hf)."
+    )
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="hf: batched Hugging Face forward passes; vllm: a vLLM worker process (make venv-vllm)."
+    )
+    vllm_compile: bool = Field(
+        False, description="vLLM: torch.compile (minutes to start, cached under the cache dir) instead of eager."
+    )
+    vllm_kv_cache_mb: int = Field(512, ge=16, description="vLLM: KV-cache memory of the worker, in MiB.")
+    seed: SkipJsonSchema[int] = Field(0, exclude=True, description="Sampling seed (set by the stage).")
+    progress: SkipJsonSchema[bool] = Field(True, exclude=True, description="A progress bar over episodes.")
+
+    def seeded(self, seed: int, progress: bool = True) -> RolloutConfig:
+        """These settings with the stage's seed and progress choice."""
+        return self.model_copy(update={"seed": seed, "progress": progress})

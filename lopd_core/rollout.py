@@ -28,49 +28,17 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.json_schema import SkipJsonSchema
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
+from lopd_core.config import RolloutConfig
 from lopd_core.conversation import Message, Trajectory
 from lopd_core.envs.base import Episode
 from lopd_core.serialization import ChatSerializer
-
-
-class RolloutConfig(BaseModel):
-    """Generation settings of rollouts: the one type behind every stage's `rollout` field (collect, train and
-    evaluate specs, the pipeline form) and the engines. `seed` and `progress` are set by the stage that runs the
-    engine (`seeded`), so they are kept out of forms and dumps."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy; 1.0: the policy's own).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1.0 = off).")
-    max_turns: int = Field(8, ge=1, description="Assistant turns per episode.")
-    max_new_tokens: int = Field(256, ge=1, description="Tokens per assistant turn.")
-    max_total_tokens: int = Field(4096, ge=1, description="Tokens per episode (prompt, turns, observations).")
-    batch_size: int = Field(8, ge=1, description="Episodes generated together.")
-    reuse_cache: bool = Field(
-        True, description="Keep each episode's keys/values between turns and share system-prompt prefixes (hf)."
-    )
-    engine: Literal["hf", "vllm"] = Field(
-        "hf", description="hf: batched Hugging Face forward passes; vllm: a vLLM worker process (make venv-vllm)."
-    )
-    vllm_compile: bool = Field(
-        False, description="vLLM: torch.compile (minutes to start, cached under the cache dir) instead of eager."
-    )
-    vllm_kv_cache_mb: int = Field(512, ge=16, description="vLLM: KV-cache memory of the worker, in MiB.")
-    seed: SkipJsonSchema[int] = Field(0, exclude=True, description="Sampling seed (set by the stage).")
-    progress: SkipJsonSchema[bool] = Field(True, exclude=True, description="A progress bar over episodes.")
-
-    def seeded(self, seed: int, progress: bool = True) -> RolloutConfig:
-        """These settings with the stage's seed and progress choice."""
-        return self.model_copy(update={"seed": seed, "progress": progress})
 
 
 @dataclass

@@ -287,7 +287,7 @@ class VllmServer:
 
 
 def _cache_root() -> Path:
-    from lopd_core.backbone import cache_dir
+    from lopd_core.artifacts import cache_dir
 
     return cache_dir()
 

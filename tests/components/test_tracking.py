@@ -565,7 +565,7 @@ def test_a_resumed_run_that_replays_steps_logs_every_step_once(store, suite):
 def test_a_train_stage_resumed_after_the_server_died_has_every_step_once(tmp_path, monkeypatch):
     """A real `mlflow server` is stopped during step 3 of 6 (checkpoints every 2 steps) and started again;
     the re-run train stage resumes the same run, which then holds every step exactly once."""
-    import components.train as train_module
+    import lopd_core.training as train_module  # the train stage imports train_loop from here when it runs
     from components.artifacts import ArtifactStore
     from components.train import TrainSpec, train
 

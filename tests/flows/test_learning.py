@@ -39,8 +39,7 @@ def study_warm_start(tmp: Path, threads: int = 1) -> Path:
     from components.sft import SFTSpec, run_sft
     from flows.cache import code_version
     from flows.config import load_config
-    from lopd_core.artifacts import sha256_json
-    from lopd_core.backbone import cache_dir
+    from lopd_core.artifacts import cache_dir, sha256_json
 
     cfg = load_config(STUDY, [f"run_dir={tmp}"])
     spec = SFTSpec(
