@@ -1,8 +1,10 @@
 """Experience memory: a Qdrant-backed bank of successful training rollouts, retrieved for the composer.
 
 Modules: `records` (Experience, reports, errors), `storage` (manifest, lock, engine of a bank), `bank`
-(`ExperienceBank`), `backends` (Qdrant Edge / qdrant-client engines, search settings), `embedders`, `cli`
-(`lopd bank ...`). Import from the package: `from components.memory import ExperienceBank`.
+(`ExperienceBank`: open, size, versions, audit), `ingest` (validate, dedupe, store), `retrieval` (search,
+`Retriever`), `snapshots` (snapshot, restore), `backends` (Qdrant Edge / qdrant-client engines, search
+settings), `embedders`, `cli` (`lopd bank ...`). Import from the package: `from components.memory import
+ExperienceBank`.
 
     from components.memory import ExperienceBank, Experience
     bank = ExperienceBank.open("runs/bank", "envscaler")         # ":memory:", a directory, or an http(s) URL
@@ -30,8 +32,9 @@ brings it back.
 """
 
 from components.memory.backends import SearchSettings
-from components.memory.bank import ExperienceBank, Retriever, experiences_from_jsonl, open_snapshot
+from components.memory.bank import ExperienceBank, open_snapshot
 from components.memory.embedders import HashingEmbedder, SentenceTransformerEmbedder
+from components.memory.ingest import experiences_from_jsonl
 from components.memory.records import (
     LOCK_FILE,
     TIE_MARGIN,
@@ -45,6 +48,7 @@ from components.memory.records import (
     compact_trace,
     experience_id,
 )
+from components.memory.retrieval import Retriever
 
 __all__ = [
     "LOCK_FILE",

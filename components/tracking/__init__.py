@@ -1,7 +1,8 @@
 """MLflow tracking for the stages: an experiment per suite, a pipeline run with one child run per stage.
 
 Modules, one job each: `names` (tag keys, metric names, errors), `store` (URIs, reachability, retries, the
-client), `values` (params, metric keys), `runs` (`Tracker`, `TrackedRun`), `sink` (per-step metrics), `query`
+client), `values` (params, metric keys), `tracker` (`Tracker`: the experiment; starting, resuming, finding
+runs), `run` (`TrackedRun`: one run's params, tags, metrics, artifacts), `sink` (per-step metrics), `query`
 (reading runs back), `plots` (curves). Import from the package: `from components.tracking import Tracker`.
 
     tracker = Tracker.open("bfcl", run_dir="runs/r1")    # sqlite:///runs/r1/mlflow.db, artifacts in runs/r1/mlartifacts
@@ -47,9 +48,10 @@ from components.tracking.names import (
 )
 from components.tracking.plots import plot_runs
 from components.tracking.query import aggregate, compare_runs, run_series
-from components.tracking.runs import TrackedRun, Tracker
+from components.tracking.run import TrackedRun
 from components.tracking.sink import MlflowMetricsSink
 from components.tracking.store import RetryPolicy, check_reachable, git_sha, redact, resolve_tracking_uri
+from components.tracking.tracker import Tracker
 from components.tracking.values import curated_params, format_params, param_text, valid_metric_key
 
 __all__ = [

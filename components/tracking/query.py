@@ -15,7 +15,7 @@ from components.tracking.names import CUM_GENERATIONS, ROW_COLUMNS, CurveX, Tag
 from components.tracking.store import RetryPolicy, connect, redact
 
 if TYPE_CHECKING:
-    from components.tracking.runs import Tracker
+    from components.tracking.tracker import Tracker
 
 
 logger = logging.getLogger(__name__)

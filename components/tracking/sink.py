@@ -15,7 +15,7 @@ from components.tracking.names import CUM_GENERATIONS, NONFINITE_METRICS
 from components.tracking.values import _now_ms, valid_metric_key
 
 if TYPE_CHECKING:
-    from components.tracking.runs import TrackedRun
+    from components.tracking.run import TrackedRun
 
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,109 @@
+"""Retrieval from an `ExperienceBank`: top-k search that never returns the query's own task (`retrieve`),
+exact or HNSW search by measured recall, and `Retriever`, the callable the train step consumes."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from components.memory.backends import Backend, SearchSettings, probe_hnsw_recall
+from components.memory.embedders import Embedder
+from components.memory.records import QUERY_CACHE_SIZE, TIE_MARGIN, Experience
+
+if TYPE_CHECKING:
+    from components.memory.bank import ExperienceBank
+
+
+logger = logging.getLogger(__name__)
+
+
+class Retriever:
+    """The callable the train step consumes: `(task, task_id) -> list[str]` of retrieved documents."""
+
+    def __init__(self, bank: ExperienceBank, k: int = 3, allow_self_retrieval: bool = False) -> None:
+        self.bank = bank
+        self.k = k
+        self.allow_self_retrieval = allow_self_retrieval
+        if allow_self_retrieval:
+            bank._warn_self_retrieval()
+
+    def experiences(self, task: str, task_id: str) -> list[Experience]:
+        return self.bank.retrieve(task, task_id, k=self.k, allow_self_retrieval=self.allow_self_retrieval)
+
+    def __call__(self, task: str, task_id: str) -> list[str]:
+        return [e.document for e in self.experiences(task, task_id)]
+
+
+class RetrievalMixin:
+    """The retrieval methods of `ExperienceBank` (components.memory.bank), which provides these attributes."""
+
+    _backend: Backend
+    embedder: Embedder
+    name: str
+    search: SearchSettings
+    _count: int
+    _hnsw_recall: float | None
+    _probed_count: int
+    _query_cache: dict[str, np.ndarray]
+    _warned_self_retrieval: bool
+
+    def _warn_self_retrieval(self) -> None:
+        if not self._warned_self_retrieval:
+            logger.warning(
+                "bank %s: allow_self_retrieval=True lets a task retrieve its own successes (the reference "
+                "code's setting); this leaks the answer to the teacher. Use it only to reproduce that code.",
+                self.name,
+            )
+            self._warned_self_retrieval = True
+
+    def _query_vector(self, task: str) -> np.ndarray:
+        vector = self._query_cache.get(task)
+        if vector is None:
+            vector = self.embedder.embed_queries([task])[0]
+            if len(self._query_cache) >= QUERY_CACHE_SIZE:
+                self._query_cache.pop(next(iter(self._query_cache)))
+            self._query_cache[task] = vector
+        return vector
+
+    def retrieve(self, task: str, task_id: str, k: int = 3, *, allow_self_retrieval: bool = False) -> list[Experience]:
+        """Top-k entries by inner product, best first, never from `task_id` (unless self-retrieval is allowed)."""
+        if not isinstance(task_id, str) or not task_id:
+            raise ValueError("retrieve needs the query's task_id (a non-empty str) to exclude its own entries")
+        if allow_self_retrieval:
+            self._warn_self_retrieval()
+        if k <= 0:
+            return []
+        hits = self._backend.search(
+            self._query_vector(task),
+            k + TIE_MARGIN,
+            exclude_task_id=None if allow_self_retrieval else task_id,
+            exact=self._exact(),
+        )
+        # Equal scores come back in storage order, which differs between engines and after a restore:
+        # order ties by point id so the same bank content always gives the same top k.
+        hits.sort(key=lambda h: (-round(h.score, 6), h.point_id))
+        return [Experience.from_payload(h.payload, score=h.score) for h in hits[:k]]
+
+    def _exact(self) -> bool:
+        """Exact search, or HNSW where it was measured to keep recall (see `SearchSettings`)."""
+        settings = self.search
+        if self._count < settings.exact_below or not self._backend.approximate:
+            return True
+        if self._hnsw_recall is None or self._count >= settings.reprobe_growth * self._probed_count:
+            self._hnsw_recall = probe_hnsw_recall(self._backend, settings)
+            self._probed_count = self._count
+            logger.info(
+                "bank %s: HNSW recall@3 %.3f on %d of its %d entries (minimum %.2f): %s search",
+                self.name,
+                self._hnsw_recall,
+                min(settings.recall_probes, self._count),
+                self._count,
+                settings.min_recall,
+                "exact" if self._hnsw_recall < settings.min_recall else "HNSW",
+            )
+        return settings.use_exact(self._count, self._hnsw_recall)
+
+    def retriever(self, k: int = 3, *, allow_self_retrieval: bool = False) -> Retriever:
+        return Retriever(self, k=k, allow_self_retrieval=allow_self_retrieval)
