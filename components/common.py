@@ -14,14 +14,16 @@ import logging
 import os
 import subprocess
 import sys
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from components.artifacts import ArtifactStore
+from components.inputs import ARTIFACT_FIELDS, HINT, artifact_from_path
 from lopd_core.artifacts import ArtifactRef
 from lopd_core.config import load_model
 from lopd_core.envs.base import Suite, WithValidation
@@ -43,6 +45,15 @@ class StageSpec(Model):
     experiment: str = "lopd"
     parent_run_id: str | None = None  # the pipeline's MLflow run
     tags: dict[str, str] = Field(default_factory=dict)  # e.g. prefect.flow_run_id, prefect.flow_run_url
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _artifact_paths(cls, value: Any, info: ValidationInfo) -> Any:
+        """An artifact field given as a path (the CLI's `dataset=runs/local`): components.inputs resolves it."""
+        field = info.field_name
+        if isinstance(value, str) and field is not None and _takes_ref(cls, field):
+            return artifact_from_path(field, value)
+        return value
 
     def store(self) -> ArtifactStore:
         root = self.artifact_root or os.environ.get("LOPD_ARTIFACT_ROOT") or Path(self.run_dir) / "artifacts"
@@ -171,6 +182,7 @@ def run_stage_cli(
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Fields (YAML/JSON keys; key=value overrides use dotted names, e.g. lopd.top_m=10):\n"
         + "\n".join(fields_help(spec_cls))
+        + (f"\n\nArtifact fields ({', '.join(refs)}): {HINT}." if (refs := _artifact_fields(spec_cls)) else "")
         + (f"\n\n{epilog}" if epilog else "")
         + "\n\nexit codes: 0 done; 2 bad spec, or a missing spec or data file.",
     )
@@ -202,6 +214,16 @@ def run_stage_cli(
         Path(ns.out).write_text(text)
     print(text)
     return 0
+
+
+def _takes_ref(model: type[BaseModel], field: str) -> bool:
+    annotation = model.model_fields[field].annotation
+    return field in ARTIFACT_FIELDS and ArtifactRef in (annotation, *typing.get_args(annotation))
+
+
+def _artifact_fields(model: type[BaseModel]) -> list[str]:
+    """The fields that take an ArtifactRef, or a path to one (components.inputs)."""
+    return [name for name in model.model_fields if _takes_ref(model, name)]
 
 
 def fields_help(model: type[BaseModel], prefix: str = "", expand: bool = True) -> list[str]:

@@ -28,10 +28,11 @@ import fsspec
 from pydantic import BaseModel
 
 from components.common import StageResult
+from components.inputs import STAGE_CACHE_DIR
 from lopd_core.artifacts import sha256_json
 
 CODE_VERSION_ENV = "LOPD_CODE_VERSION"
-CACHE_DIR = "stage-cache"
+CACHE_DIR = STAGE_CACHE_DIR  # components.inputs reads results from here too
 FORMAT = 1
 # Where a stage writes and logs, not what it computes.
 BOOKKEEPING = frozenset(

@@ -83,7 +83,8 @@ def explain(exc: ValidationError, model: type[BaseModel]) -> str:
     lines = []
     for err in exc.errors():
         loc = [str(part) for part in err["loc"]]
-        line = f"  {'.'.join(loc) or '(root)'}: {err['msg']}"
+        msg = err["msg"].removeprefix("Value error, ")  # our validators' messages stand on their own
+        line = f"  {'.'.join(loc) or '(root)'}: {msg}"
         if err["type"] == "extra_forbidden":
             fields = _fields_at(model, loc[:-1])
             close = difflib.get_close_matches(loc[-1], fields, n=1, cutoff=0.6)

@@ -186,3 +186,46 @@ def test_stage_help_loads_no_heavy_module(stage):
     loaded = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
     assert out.stdout.startswith(f"usage: python -m components.{stage} ") and "exit codes" in out.stdout
     assert not loaded & {"torch", "transformers", "mlflow", "qdrant_client"}, sorted(loaded)
+
+
+def test_artifact_fields_take_a_result_a_run_directory_or_the_artifact_itself(chain, tmp_path):
+    """`dataset=PATH` on a stage's CLI (issue 16): a result JSON, a folder holding one, a pipeline's stage cache, or
+    the artifact's own file; ambiguity and missing paths are errors that say what to pass."""
+    collected = chain["collect"]
+    ref = collected.artifacts["dataset"]
+    result_file = tmp_path / "collect.json"
+    result_file.write_text(collected.model_dump_json())
+    (tmp_path / "stage").mkdir()
+    (tmp_path / "stage" / "result.json").write_text(collected.model_dump_json())
+    for given in (result_file, tmp_path / "stage"):
+        assert BankSpec(dataset=str(given)).dataset == ref
+
+    run_dir = tmp_path / "run"
+    entry = {"stage": "collect", "key": "k1", "result": collected.model_dump(mode="json")}
+    (run_dir / "stage-cache" / "collect").mkdir(parents=True)
+    (run_dir / "stage-cache" / "collect" / "k1.json").write_text(json.dumps(entry))
+    (run_dir / "stage-cache" / "bank").mkdir()
+    banked = {"result": chain["bank"].model_dump(mode="json")}
+    (run_dir / "stage-cache" / "bank" / "k2.json").write_text(json.dumps(banked))
+    assert BankSpec(dataset=str(run_dir)).dataset == ref
+    cold = ColdStartSpec(dataset=str(run_dir), bank_snapshot=str(run_dir))
+    assert (cold.dataset, cold.bank_snapshot) == (ref, chain["bank"].artifacts["bank_snapshot"])
+    with pytest.raises(ValueError, match="none of stage 'cold_start'"):
+        TrainSpec(dataset=str(run_dir), bank_snapshot=str(run_dir), composer=str(run_dir))
+
+    other = json.loads(json.dumps(entry))
+    other["result"]["artifacts"]["dataset"]["sha256"] = "0" * 64
+    (run_dir / "stage-cache" / "collect" / "k3.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match=r"2 different collect results; pass one of these files:\n.*k1\.json"):
+        BankSpec(dataset=str(run_dir))
+
+    own = BankSpec(dataset=ref.uri).dataset  # the artifact's own file: hashed, the same digest
+    assert (own.sha256, own.kind) == (ref.sha256, "dataset")
+    with pytest.raises(ValueError, match="does not exist: give an ArtifactRef mapping"):
+        BankSpec(dataset=str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match="has no 'composer' artifact"):
+        TrainSpec(dataset=ref.uri, bank_snapshot=str(run_dir), composer=str(result_file))
+
+    shown = subprocess.run([sys.executable, "-m", "components.bank", f"dataset={result_file}", "--print-spec"],
+                           capture_output=True, text=True)  # fmt: skip
+    assert shown.returncode == 0 and ref.sha256 in shown.stdout, shown.stderr
