@@ -37,7 +37,7 @@ $(VLLM_STAMP): requirements-vllm.txt
 venv-vllm:
 	@if [ -n "$$LOPD_NO_VLLM" ]; then echo "LOPD_NO_VLLM set: vLLM not installed"; else $(MAKE) --no-print-directory $(VLLM_STAMP); fi
 
-# The code sandbox (lopd_core/sandbox.py) runs untrusted code under bubblewrap; installed here when root.
+# The code sandbox (lopd_core/sandbox/) runs untrusted code under bubblewrap; installed here when root.
 bwrap:
 	@command -v bwrap >/dev/null || { test "$$(id -u)" = 0 && { apt-get install -y -q bubblewrap || \
 		{ apt-get update -q && apt-get install -y -q bubblewrap; }; }; } || \

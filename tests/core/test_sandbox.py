@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from lopd_core import sandbox as sandbox_module
 from lopd_core.sandbox import (
     Sandbox,
     SandboxLimits,
@@ -20,6 +19,7 @@ from lopd_core.sandbox import (
     encode,
     run_code,
 )
+from lopd_core.sandbox import isolation as sandbox_isolation
 
 LIMITS = SandboxLimits(timeout_s=3.0, memory_mb=512)
 
@@ -125,7 +125,7 @@ def test_isolation_is_typed_and_fails_closed(monkeypatch):
     with pytest.raises(ValueError, match=r"SandboxLimits\.isolation"):
         SandboxLimits(isolation="chroot")
     check_isolation.cache_clear()
-    monkeypatch.setattr(sandbox_module.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sandbox_isolation.shutil, "which", lambda name: None)
     with pytest.raises(SandboxUnavailable, match="apt-get install -y bubblewrap"):
         Sandbox(LIMITS).exec("x = 1")
     monkeypatch.undo()
