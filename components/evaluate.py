@@ -171,7 +171,7 @@ class EvaluateSpec(StageSpec):
     experiment: str = "evaluation"
     tracking: bool = Field(True, description="Log to MLflow.")
     threads: int | None = Field(None, ge=1, description="torch threads (default: leave as is).")
-    progress: bool = False
+    progress: bool = Field(True, description="Progress bars over episodes (on stderr).")
 
     @field_validator("benchmarks", mode="before")
     @classmethod

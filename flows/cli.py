@@ -13,10 +13,13 @@ lopd watch --run-dir runs/demo --min-growth 50    # bank-watch once: emit the re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -97,7 +100,7 @@ def run(
             "--set",
             "-s",
             help="key=value override with dotted keys, repeatable: -s train.schedule.steps=3 "
-            "-s 'methods=[lopd, grpo]' -s 'seeds=[0, 1]'.",
+            "-s 'methods=\\[lopd, grpo]' -s 'seeds=\\[0, 1]'.",  # \\[: a bracket, not rich markup
         ),
     ] = None,
     run_dir: Annotated[str | None, typer.Option(help="Shortcut for -s run_dir=DIR.")] = None,
@@ -134,12 +137,13 @@ def run(
     if deployment:
         _run_deployment(deployment, cfg.model_dump(mode="json"), wait, as_json)
         return
-    import time
 
+    from flows.console import logs_above_bars
     from flows.pipeline import lopd_pipeline
 
     t0 = time.monotonic()
-    summary = lopd_pipeline(config=cfg)
+    with logs_above_bars(), _explained(t0):
+        summary = lopd_pipeline(config=cfg)
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
     else:
@@ -176,12 +180,13 @@ def study(
     if cfg.budget is None:
         _fail(f"{config}: a study compares methods at an equal generation budget: set budget (e.g. -s budget=1600)")
     _prefect_defaults()
-    import time
 
+    from flows.console import logs_above_bars
     from flows.study import lopd_study
 
     t0 = time.monotonic()
-    summary = lopd_study(config=cfg, ablation=ablation)
+    with logs_above_bars(), _explained(t0):
+        summary = lopd_study(config=cfg, ablation=ablation)
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
         return
@@ -191,17 +196,59 @@ def study(
     print_summary({**summary, "evaluation": ""}, time.monotonic() - t0)
 
 
+@contextlib.contextmanager
+def _explained(t0: float) -> Iterator[None]:
+    """An error that explains itself (flows.console.clear_errors) ends the command with its message and how long
+    the run tried (retries included), without a traceback."""
+    from flows.console import clear_errors
+
+    try:
+        yield
+    except clear_errors() as exc:
+        _fail(f"{exc}\n(the run stopped after {time.monotonic() - t0:.0f} s, retries included: execution.retries)", 1)
+
+
 def _run_deployment(name: str, config: dict[str, Any], wait: bool, as_json: bool) -> None:
+    """A flow run of the deployment; waiting, it prints what a local run prints: the evaluation table, where the
+    report and the MLflow run are (from the run's `lopd-report` artifact), and the flow run's UI link."""
     if not os.environ.get("PREFECT_API_URL"):
         _fail("--deployment needs a Prefect server: set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)")
     from prefect.deployments import run_deployment
+    from prefect.utilities.urls import url_for
 
     run_ = run_deployment(name, parameters={"config": config}, timeout=None if wait else 0, as_subflow=False)
     state = run_.state
     info = {"flow_run_id": str(run_.id), "name": run_.name, "state": state.name if state else None}
-    typer.echo(json.dumps(info) if as_json else f"flow run {run_.name} ({run_.id}): {info['state']}")
+    url = url_for(run_)
+    if url:
+        info["flow_run_url"] = url
+    report = _report_artifact(run_.id) if state is not None and state.is_completed() else None
+    if as_json:
+        typer.echo(json.dumps(info | ({"report": report} if report else {})))
+    else:
+        typer.echo(f"flow run {run_.name} ({run_.id}): {info['state']}")
+        if report:  # the artifact: where things are, then the report (its title, "## Evaluation", ...)
+            where, _, text = report.partition("\n\n# ")
+            if "## Evaluation" in text:
+                typer.echo("\n## Evaluation" + text.split("## Evaluation", 1)[1].split("\n## ", 1)[0])
+            typer.echo(where)
+        if url:
+            typer.echo(f"Prefect UI:     {url}")
     if wait and (state is None or not state.is_completed()):
         raise typer.Exit(1)
+
+
+def _report_artifact(flow_run_id: Any) -> str | None:
+    """The markdown of the flow run's `lopd-report` artifact (the pipeline's last step writes it), or None."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    found = ArtifactFilter(
+        flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]), key=ArtifactFilterKey(any_=["lopd-report"])
+    )
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=found)
+    return str(artifacts[0].data) if artifacts else None
 
 
 @app.command(

@@ -67,6 +67,15 @@ class TaskSampler:
         self.epoch, self.position = state["epoch"], state["position"]
 
 
+BAR_FIELDS = {"reward": "reward_mean", "margin": "margin", "β": "beta"}  # what the step bar shows, if logged
+
+
+def progress_fields(metrics: dict[str, float], generations: int) -> dict[str, str]:
+    """The step bar's postfix: reward, the verdict margin and β where the method has them, generations so far."""
+    shown = {name: f"{metrics[key]:.3f}" for name, key in BAR_FIELDS.items() if key in metrics}
+    return shown | {"gen": str(generations)}
+
+
 def train_loop(
     step: TrainStep,
     tasks: Sequence[Task],
@@ -116,6 +125,7 @@ def train_loop(
         generations += int(metrics["generations"])
         metrics["generations_total"] = float(generations)
         history.append({k: float(v) for k, v in metrics.items()} | {"step": index})
+        steps.set_postfix(progress_fields(metrics, generations), refresh=False)
         done = index + 1
         if last is not None and (done % schedule.checkpoint_every == 0 or done == schedule.steps):
             if before_checkpoint is not None:

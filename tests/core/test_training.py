@@ -122,3 +122,11 @@ def test_load_student_restores_the_trained_student(tmp_path):
     base, _ = load_backbone("tiny")
     with torch.no_grad():
         assert not torch.allclose(trained, base(ids).logits)  # the student LoRA was restored and is live
+
+
+def test_the_step_bar_shows_reward_margin_beta_and_generations():
+    from lopd_core.training import progress_fields
+
+    metrics = {"reward_mean": 0.5, "margin": 0.0123, "beta": 1.25, "loss": 3.0}
+    assert progress_fields(metrics, 64) == {"reward": "0.500", "margin": "0.012", "β": "1.250", "gen": "64"}
+    assert progress_fields({"reward_mean": 1.0}, 8) == {"reward": "1.000", "gen": "8"}  # a baseline: no margin or β

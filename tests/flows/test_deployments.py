@@ -183,6 +183,8 @@ def test_cli_run_prints_the_resolved_config_and_rejects_bad_fields(tmp_path):
     assert yaml.safe_load(out.output)["seeds"] == [0, 1]
     bad = runner.invoke(app, ["run", "-s", "lopd.top_m=-1", "--print-config"])
     assert bad.exit_code == 2 and "top_m" in bad.output
+    shown = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "240"}, terminal_width=240)
+    assert "-s 'methods=[lopd, grpo]' -s 'seeds=[0, 1]'" in shown.output  # brackets are not rich markup
 
 
 def test_cli_eval_passes_through_to_the_evaluate_stage():

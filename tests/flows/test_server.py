@@ -178,9 +178,13 @@ def test_deploy_run_pipeline_and_retrain_on_bank_growth(server, tmp_path):
         # 1. the pipeline deployment; its evaluations run as lopd-stage/local flow runs
         t0 = time.monotonic()
         config = [arg for item in [*LEAN, f"run_dir={run_dir}"] for arg in ("-s", item)]
-        lopd(server, "run", str(ROOT / "configs" / "tiny.yaml"), *config, "-d", "lopd-pipeline/local")
+        shown = lopd(server, "run", str(ROOT / "configs" / "tiny.yaml"), *config, "-d", "lopd-pipeline/local")
         timings["pipeline_s"] = round(time.monotonic() - t0, 1)
         (pipe_run,) = flow_runs(server, "lopd-pipeline")
+        # what the user sees: the table, where things are and the UI link, as a local run prints them
+        assert "## Evaluation" in shown.stdout and "| Model |" in shown.stdout, shown.stdout
+        assert "MLflow pipeline run" in shown.stdout and f"{run_dir}" in shown.stdout, shown.stdout
+        assert f"/runs/flow-run/{pipe_run['id']}" in shown.stdout, shown.stdout
         assert pipe_run["state_type"] == "COMPLETED"
         stage_runs = flow_runs(server, "lopd-stage")
         assert [r["state_type"] for r in stage_runs] == ["COMPLETED"]  # the evaluation, in its own process

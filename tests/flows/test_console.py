@@ -1,0 +1,59 @@
+"""Log lines and progress bars on one terminal (issue 16): a log line never continues a bar's line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tqdm import tqdm
+
+from flows.console import logs_above_bars
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _log_during_a_bar(wrapped: bool) -> str:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logger = logging.getLogger("lopd-test-console")
+    logger.handlers, logger.propagate = [handler], False
+    context = logs_above_bars([logger]) if wrapped else contextlib.nullcontext()
+    with context, tqdm(total=3, file=stream, desc="lopd steps", mininterval=0, ascii=True) as bar:
+        bar.update(1)
+        logger.warning("composer loaded")
+        bar.update(2)
+    assert logger.handlers == [handler]  # restored after the block
+    return stream.getvalue()
+
+
+def test_a_log_line_clears_the_bar_first_and_the_bar_comes_back():
+    text = _log_during_a_bar(wrapped=True)
+    (line,) = [part for part in text.split("\n") if "composer loaded" in part]
+    assert line.split("\r")[-1] == "WARNING composer loaded"  # on a cleared line of its own
+    assert "3/3" in text.split("composer loaded", 1)[1]  # the bar is drawn again below it
+
+
+def test_without_it_the_line_is_glued_to_the_bar():  # the failure this guards against
+    text = _log_during_a_bar(wrapped=False)
+    (line,) = [part for part in text.split("\n") if "composer loaded" in part]
+    assert line.split("\r")[-1].startswith("lopd steps:")
+
+
+@pytest.mark.slow
+def test_an_unreachable_mlflow_ends_the_run_with_its_message_and_no_traceback(tmp_path):
+    """Issue 16: the message, how long it tried, and none of the ~170 traceback lines Prefect and Python print."""
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_TRACKING_URI": ""}
+    command = [sys.executable, "-m", "flows.cli", "run", str(ROOT / "configs" / "tiny.yaml"), "--run-dir",
+               str(tmp_path / "run"), "-s", "tracking_uri=http://127.0.0.1:9", "-s", "execution.retries=1",
+               "-s", "execution.retry_delay_s=1"]  # fmt: skip
+    out = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "error: MLflow tracking server at http://127.0.0.1:9 is unreachable" in out.stderr
+    assert "retries included" in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
