@@ -3,20 +3,50 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from components.tracking.names import DEFAULT_PANELS, CurveX
 from components.tracking.query import RunSeries, _load_series
 from components.tracking.store import RetryPolicy, connect
+from lopd_core.evaluation.study import Band, seed_band
 
 logger = logging.getLogger(__name__)
 
 _LINESTYLES = ("-", "--", ":", "-.")
 
 
+@dataclass
+class SeedMean:
+    """The runs of one arm over several seeds: each metric's mean curve with a +-1 sd band (`seed_band`)."""
+
+    label: str
+    runs: list[RunSeries]
+
+    def band(self, key: str, x: CurveX) -> Band | None:
+        curves = [c for c in (s.xy(key, x) for s in self.runs) if c[0]]
+        return seed_band(curves) if curves else None
+
+    def xy(self, key: str, x: CurveX) -> tuple[list[float], list[float]]:
+        band = self.band(key, x)
+        return (band.x, band.mean) if band else ([], [])
+
+
+def by_arm(series: Sequence[RunSeries]) -> list[RunSeries | SeedMean]:
+    """Runs whose labels differ only in `seed=N` become one SeedMean (in first-seen order); a lone run stays."""
+    arms: dict[str, list[RunSeries]] = {}
+    for s in series:
+        arms.setdefault(re.sub(r"\s*\bseed=\S+", "", s.label).strip() or s.label, []).append(s)
+    return [
+        runs[0] if len(runs) == 1 else SeedMean(f"{arm} (mean ± sd, {len(runs)} seeds)", runs)
+        for arm, runs in arms.items()
+    ]
+
+
 def render_curves(
-    series: Sequence[RunSeries],
+    series: Sequence[RunSeries | SeedMean],
     panels: Sequence[Sequence[str]],
     x: CurveX,
     out: Path,
@@ -27,7 +57,8 @@ def render_curves(
 ) -> Path:
     """One panel per group of metrics, stacked on a shared x axis (step, or cumulative generations), written as PNG.
 
-    One run: a colour per metric. Several runs: a colour per run, a line style per metric of the panel.
+    One run: a colour per metric. Several runs: a colour per run, a line style per metric of the panel. A SeedMean
+    is drawn as its mean with a shaded +-1 sd band.
     `reference` draws horizontal dashed lines (e.g. the margin target), `budget` a vertical one (generations).
     """
     if x not in ("step", "generations"):
@@ -50,6 +81,9 @@ def render_curves(
                     color, style = colors[i], _LINESTYLES[j % len(_LINESTYLES)]
                     label = s.label if len(keys) == 1 else f"{s.label}: {key}"
                 ax.plot(xs, ys, color=color, linestyle=style, marker="." if len(xs) <= 50 else None, label=label)
+                band = s.band(key, x) if isinstance(s, SeedMean) else None
+                if band is not None:
+                    ax.fill_between(band.x, band.lo, band.hi, color=color, alpha=0.15, linewidth=0)
                 drawn = True
         for key in keys:
             if reference and key in reference:
@@ -81,12 +115,14 @@ def plot_runs(
     budget: float | None = None,
     title: str | None = None,
     retry: RetryPolicy | None = None,
+    seed_mean: bool = True,
 ) -> Path:
     """Per-step curves of several runs on shared axes (x = cumulative generations or step) as a PNG at `out`.
 
     Labels default to "<method> seed=<seed> <benchmark>" from the run tags; `budget` marks the equal-budget line.
+    With `seed_mean`, the seeds of an arm are drawn as their mean with a +-1 sd band (`by_arm`), not a line each.
     """
     retry = retry or RetryPolicy()
     client = connect(tracking_uri, retry)
     series = [_load_series(client, rid, panels, retry, tracking_uri, (labels or {}).get(rid)) for rid in run_ids]
-    return render_curves(series, panels, x, Path(out), title=title, budget=budget)
+    return render_curves(by_arm(series) if seed_mean else series, panels, x, Path(out), title=title, budget=budget)

@@ -766,3 +766,27 @@ def test_stage_params_are_the_curated_set_and_config_yaml_the_full_spec(store, s
     assert params["lopd.seed"] == "2" and params["backbone"] == "tiny" and len(params) < 60
     full = yaml.safe_load(Path(client.download_artifacts(run.run_id, "config.yaml", str(tmp_path))).read_text())
     assert full["bank_snapshot"]["metadata"] == {"backend": "qdrant"} and TrainSpec.model_validate(full) == spec
+
+
+def test_seeds_of_an_arm_are_drawn_as_their_mean_with_a_band(tmp_path):
+    """`lopd compare` curves (issue 16): the seeds of a method become one mean line with a +-1 sd band."""
+    from components.tracking.plots import SeedMean, by_arm, render_curves
+    from components.tracking.query import RunSeries
+
+    def run(label: str, rewards: list[float]) -> RunSeries:
+        steps = list(enumerate(rewards))
+        return RunSeries(label, label, {"reward_mean": steps, CUM_GENERATIONS: [(s, 8.0 * (s + 1)) for s, _ in steps]})
+
+    series = [run("lopd seed=0 toolworld", [0.0, 0.5]), run("grpo seed=0 toolworld", [0.2, 0.2]),
+              run("lopd seed=1 toolworld", [0.2, 0.7, 0.9])]  # fmt: skip
+    arms = by_arm(series)
+    assert [a.label for a in arms] == ["lopd toolworld (mean ± sd, 2 seeds)", "grpo seed=0 toolworld"]
+    lopd = arms[0]
+    assert isinstance(lopd, SeedMean) and isinstance(arms[1], RunSeries)
+    band = lopd.band("reward_mean", "generations")
+    assert band.x == [8.0, 16.0]  # cut to the shorter seed
+    assert band.mean == pytest.approx([0.1, 0.6])
+    sd = math.sqrt(2 * 0.1**2)  # two seeds, each 0.1 from the mean: sample sd = 0.1414
+    assert band.lo == pytest.approx([0.1 - sd, 0.6 - sd]) and band.hi == pytest.approx([0.1 + sd, 0.6 + sd])
+    assert lopd.xy("reward_mean", "step") == ([0.0, 1.0], pytest.approx([0.1, 0.6]))
+    assert_png(render_curves(arms, [["reward_mean"]], "generations", tmp_path / "bands.png"))
