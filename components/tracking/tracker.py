@@ -12,15 +12,12 @@ from mlflow.exceptions import MlflowException
 
 from components.tracking.names import (
     DEFAULT_ARTIFACTS,
-    DEFAULT_PANELS,
     INHERITED_TAGS,
-    CurveX,
     T,
     Tag,
     TrackingError,
 )
-from components.tracking.plots import render_curves
-from components.tracking.query import _compare, _filter_string, _load_series, _search
+from components.tracking.query import _compare, _filter_string, _search
 from components.tracking.run import TrackedRun
 from components.tracking.store import (
     RetryPolicy,
@@ -246,23 +243,6 @@ class Tracker:
         return _compare(
             self.client, self.experiment_id, pipeline_run_id, stage, tags, metrics, budget, self.retry, self.uri
         )
-
-    def plot_runs(
-        self,
-        run_ids: Sequence[str],
-        out: str | Path,
-        *,
-        panels: Sequence[Sequence[str]] = DEFAULT_PANELS,
-        x: CurveX = "generations",
-        labels: Mapping[str, str] | None = None,
-        budget: float | None = None,
-        title: str | None = None,
-    ) -> Path:
-        """`plot_runs` with this tracker's client."""
-        series = [
-            _load_series(self.client, rid, panels, self.retry, self.uri, (labels or {}).get(rid)) for rid in run_ids
-        ]
-        return render_curves(series, panels, x, Path(out), title=title, budget=budget)
 
 
 def _labels(
