@@ -17,16 +17,19 @@ import random
 import sys
 import time
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from components.common import (
+    NullRun,
     StageResult,
     StageSpec,
     backbone_label,
+    launch_torchrun,
     load_stage_backbone,
     open_suite,
     run_stage_cli,
     start_tracking,
+    under_torchrun,
     write_trajectories,
 )
 from lopd_core.artifacts import ArtifactRef
@@ -43,6 +46,16 @@ class SFTSpec(StageSpec):
     sft: SFTConfig = SFTConfig()
     max_seq_len: int = Field(4096, ge=64)
     threads: int = Field(1, ge=1)
+    # data-parallel ranks on this node (one per GPU): > 1 runs the stage under `torchrun --nproc-per-node nproc`
+    # (lopd_core.sft splits every batch over the ranks); a stage already started by torchrun uses torchrun's world
+    nproc: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _ranks_have_work(self) -> SFTSpec:
+        if self.sft.batch_size < self.nproc:
+            raise ValueError(f"sft.batch_size={self.sft.batch_size} is below nproc={self.nproc}: every rank needs "
+                             "a demonstration per step")  # fmt: skip
+        return self
 
 
 def pool_suite(suite_name: str, per_level: int, difficulties: list[int] | None) -> Suite:
@@ -70,8 +83,12 @@ def run_sft(spec: SFTSpec) -> StageResult:
     # the stage's heavy imports load when it runs, so that `--help` stays fast
     import torch
 
+    from lopd_core.distributed import init_distributed
     from lopd_core.sft import demonstration_stats, demonstrations, sft
 
+    if spec.nproc > 1 and not under_torchrun():
+        return launch_torchrun(spec, "components.sft", spec.nproc)
+    world = init_distributed()  # the one-rank world unless torchrun started this process
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.sft.seed)
     cfg = spec.sft
@@ -91,13 +108,17 @@ def run_sft(spec: SFTSpec) -> StageResult:
             f"no verified demonstrations in suite {spec.suite!r} (do its scenarios have reference solutions?)"
         )
     label = backbone_label(spec.backbone, spec.warm_start)
-    with start_tracking(spec, "sft", spec.suite, spec, backbone=label, seed=cfg.seed) as run:
+    tracking = start_tracking(spec, "sft", spec.suite, spec, backbone=label, seed=cfg.seed) if world.is_main \
+        else NullRun()  # fmt: skip
+    with tracking as run:  # MLflow from rank 0 only
         model, tok, _ = load_stage_backbone(spec.backbone, spec.warm_start, store)
         stats = demonstration_stats(demos)
-        run.log_json({**stats, "dropped": dropped}, "demonstrations.json")
         sink = run.metrics_sink()
-        losses = sft(model, tok, demos, cfg, spec.max_seq_len, on_step=sink.log)
+        losses = sft(model, tok, demos, cfg, spec.max_seq_len, on_step=sink.log, world=world)
         sink.close()
+        if not world.is_main:  # rank 0 stores the model and reports; the others only trained
+            return StageResult(stage="sft", metrics={"steps": float(cfg.steps)}, summary="rank > 0")
+        run.log_json({**stats, "dropped": dropped}, "demonstrations.json")
         out = spec.stage_dir("sft") / "model"
         model.save_pretrained(out)
         tok.save_pretrained(out)

@@ -130,8 +130,9 @@ class TrainParams(Model):
     nproc: int = Field(
         1,
         ge=1,
-        description="Data-parallel ranks per node, one per GPU (torchrun --nproc-per-node); with mode=deployments "
-        "the train pod requests this many GPUs. More nodes: docs/distributed.md (PyTorchJob).",
+        description="Data-parallel ranks per node, one per GPU (torchrun --nproc-per-node), for the train stage and "
+        "the sft warm start; with mode=deployments their pods request this many GPUs. More nodes: "
+        "docs/distributed.md (PyTorchJob).",
     )
 
 

@@ -39,6 +39,7 @@ def sft_spec(cfg: PipelineConfig, common: dict[str, Any]) -> SFTSpec:
         difficulties=cfg.train.difficulties,
         sft=cfg.sft,
         threads=cfg.threads,
+        nproc=cfg.train.nproc,
     )
 
 

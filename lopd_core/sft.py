@@ -8,6 +8,10 @@ episode by `ScriptedPolicy`: the observations are real tool results and a short 
 episode, so demonstrations have exactly the format of the student's rollouts and the prompt the student will
 see. A replay that does not score 1.0 is dropped and counted. Only training-split tasks can be demonstrations:
 `demonstrations` refuses any other split, so neither a held-out task nor its instance reaches the SFT data.
+
+Data-parallel (under torchrun, `lopd_core.distributed`): every rank draws the same seeded batches and trains on
+its share of each batch's demonstrations; its NLL is its tokens' sum over the batch's *global* token count, so the
+ranks' losses add up to the one-rank loss and DDP's reduced gradient is exactly the one-rank gradient.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lopd_core.config import SFTConfig
 from lopd_core.conversation import Trajectory
+from lopd_core.distributed import World, current_world
 from lopd_core.envs.actions import ToolCall, format_call
 from lopd_core.envs.base import Suite, Task
 from lopd_core.evaluation.harness import ScriptedPolicy
@@ -57,6 +63,14 @@ def demonstrations(
 
 def nll(model: PreTrainedModel, serializer: ChatSerializer, batch: Sequence[Trajectory], chunk: int = 1024) -> Any:
     """Token-weighted mean NLL of the assistant tokens (content and end-of-turn) of `batch`."""
+    total, count = nll_sum(model, serializer, batch, chunk)
+    return total / count
+
+
+def nll_sum(
+    model: PreTrainedModel, serializer: ChatSerializer, batch: Sequence[Trajectory], chunk: int = 1024
+) -> tuple[Any, int]:
+    """The summed NLL of the assistant tokens (content and end-of-turn) of `batch`, and how many there are."""
     views = serializer.collate([serializer.student_view(t) for t in batch])
     rows, cols = views.action_mask.nonzero(as_tuple=True)
     device = model.device
@@ -65,7 +79,7 @@ def nll(model: PreTrainedModel, serializer: ChatSerializer, batch: Sequence[Traj
     ).last_hidden_state
     targets = views.input_ids[rows, cols].to(device)
     h = hidden[rows.to(device), (cols - 1).to(device)]
-    return -token_logprobs(h, targets, model.get_output_embeddings().weight, chunk).mean()
+    return -token_logprobs(h, targets, model.get_output_embeddings().weight, chunk).sum(), int(targets.numel())
 
 
 def copy_pretrain(
@@ -126,10 +140,16 @@ def sft(
     max_seq_len: int = 40_960,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     progress: bool = True,
+    world: World | None = None,
 ) -> list[float]:
-    """Train every weight of `model` for `cfg.steps` AdamW steps on seeded batches of `demos`; returns the losses."""
+    """Train every weight of `model` for `cfg.steps` AdamW steps on seeded batches of `demos`; returns the losses
+    (global, the same on every rank). `world` (default: torchrun's, else one rank) splits each batch over ranks."""
+    world = world or current_world()
     if not demos:
         raise ValueError("sft needs at least one demonstration")
+    if world.active and cfg.batch_size < world.world_size:
+        raise ValueError(f"sft.batch_size={cfg.batch_size} is below the world size {world.world_size}: "
+                         "every rank needs a demonstration per step")  # fmt: skip
     serializer = ChatSerializer(tokenizer, max_seq_len)
     over = [d.task_id for d in demos if serializer.is_overlength(serializer.student_view(d))]
     if over:
@@ -146,24 +166,53 @@ def sft(
     batches: list[list[Trajectory]] = []
     losses = []
     model.train()
-    for step in tqdm(range(cfg.steps), desc="sft", unit="step", disable=not progress):
+    loss_of = _SFTLoss(model, serializer, cfg, copy_rng, world)
+    forward = DistributedDataParallel(loss_of) if world.active else loss_of  # CPU (gloo) or one GPU per rank
+    for step in tqdm(range(cfg.steps), desc="sft", unit="step", disable=not (progress and world.is_main)):
         if not batches:
             batches = _length_buckets(list(demos), lengths, cfg.batch_size, rng)
         batch = batches.pop()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        loss = nll(model, serializer, batch)
-        if cfg.copy_batch_size:  # keep the copying circuit while the demonstrations are learnt
-            loss = loss + copy_loss(model, copy_rng, cfg.copy_batch_size, cfg.copy_span, 4 * cfg.copy_span)
+        loss = forward(world.shard(batch))  # this rank's share of the global loss
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss * world.world_size if world.active else loss).backward()  # DDP averages: x world is the global sum
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
         optimizer.step()
-        losses.append(loss.item())
+        losses.append(float(world.sum(loss.detach())))
         if on_step is not None:
             on_step(step, {"nll": losses[-1], "grad_norm": norm, "lr": optimizer.param_groups[0]["lr"]})
     model.eval()
     return losses
+
+
+class _SFTLoss(torch.nn.Module):
+    """One step's loss on this rank's demonstrations, as a module so that DDP sees the forward of each backward:
+    the NLL summed over the rank's tokens / the batch's global token count, plus (`cfg.copy_batch_size`) the copy
+    loss, which every rank computes alike and weighs 1/world so that the ranks' terms add up to it once."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        serializer: ChatSerializer,
+        cfg: SFTConfig,
+        copy_rng: torch.Generator,
+        world: World,
+    ) -> None:
+        super().__init__()
+        self.model, self.serializer, self.cfg, self.copy_rng, self.world = model, serializer, cfg, copy_rng, world
+
+    def forward(self, batch: Sequence[Trajectory]) -> torch.Tensor:
+        if batch:
+            total, count = nll_sum(self.model, self.serializer, batch)
+        else:  # a batch's tail shorter than the world: a zero that still reaches every weight, as DDP expects
+            total, count = sum(p.sum() for p in self.model.parameters()) * 0.0, 0
+        loss = total / float(self.world.sum(float(count)))
+        if self.cfg.copy_batch_size:  # keep the copying circuit while the demonstrations are learnt
+            c = self.cfg
+            copy = copy_loss(self.model, self.copy_rng, c.copy_batch_size, c.copy_span, 4 * c.copy_span)
+            loss = loss + copy / self.world.world_size
+        return loss
 
 
 def _length_buckets(

@@ -83,6 +83,22 @@ def test_distributed_train_stage_with_two_gloo_ranks(chain):
         TrainSpec(**{**spec.model_dump(), "nproc": 3})
 
 
+def test_distributed_sft_stage_with_two_gloo_ranks(tmp_path):
+    """The warm start with nproc=2: torchrun, gloo; rank 0 logs one MLflow run (every step) and stores the model."""
+    from components.sft import SFTSpec, run_sft
+
+    spec = SFTSpec(run_dir=str(tmp_path), experiment="stages-test", backbone="tiny", suite="toolworld-compact",
+                   sft={"steps": 3, "batch_size": 4, "n_demonstrations": 6, "warmup_steps": 1}, nproc=2)  # fmt: skip
+    result = run_sft(spec)
+    assert result.artifacts["model"].kind == "model" and result.metrics["n_demonstrations"] == 6
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("stages-test").experiment_id])
+    assert [r.info.run_id for r in runs] == [result.mlflow_run_id]  # rank 1 logged nothing
+    assert [m.step for m in client.get_metric_history(result.mlflow_run_id, "nll")] == [0, 1, 2]
+    with pytest.raises(ValueError, match=r"sft\.batch_size=4 is below nproc=5"):
+        SFTSpec(**{**spec.model_dump(), "nproc": 5})
+
+
 def test_lopd_train_needs_bank_and_composer(chain):
     with pytest.raises(ValueError, match="needs bank_snapshot"):
         TrainSpec(dataset=chain["collect"].artifacts["dataset"])

@@ -72,3 +72,25 @@ def test_distributed_two_gloo_ranks_match_one_rank_for_lopd_and_grpo(tmp_path):
     assert (tmp_path / "from-two-ranks" / "last" / "rng_ranks.pt").exists()
     worst["resume 2->1"] = assert_same_run(run_case("lopd", ckpt=tmp_path / "from-two-ranks"), reference["lopd"])
     print(f"largest differences two ranks vs one: {worst}")
+
+
+def test_distributed_sft_two_gloo_ranks_match_one_rank(tmp_path):
+    """The warm start, data-parallel: each rank's share of every batch, NLL over the global token count, DDP."""
+    from tests.core.sft_distributed_case import run_case as run_sft_case
+
+    one = run_sft_case()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "tests.core.sft_distributed_case", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [torch.load(tmp_path / f"sft-rank{r}.pt", weights_only=False) for r in range(2)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert ranks[0]["losses"] == ranks[1]["losses"]  # the global loss, on every rank
+    assert ranks[0]["losses"] == pytest.approx(one["losses"], rel=METRIC_RTOL)
+    worst = 0.0
+    for name, value in one["weights"].items():
+        assert torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]), name
+        worst = max(worst, (ranks[0]["weights"][name] - value).abs().max().item())
+    assert worst <= WEIGHT_ATOL, worst
+    print(f"sft, two ranks vs one: largest weight difference {worst:.2e}")
