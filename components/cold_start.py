@@ -13,16 +13,19 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from components.common import (
+    NullRun,
     StageResult,
     StageSpec,
     backbone_label,
+    launch_torchrun,
     load_stage_backbone,
     read_trajectories,
     run_stage_cli,
     start_tracking,
+    under_torchrun,
 )
 from lopd_core.artifacts import ArtifactRef
 from lopd_core.config import ColdStartConfig, LOPDConfig
@@ -38,6 +41,16 @@ class ColdStartSpec(StageSpec):
     cold: ColdStartConfig = ColdStartConfig()
     success_threshold: float = Field(1.0, ge=0, le=1)
     threads: int = Field(1, ge=1)
+    # data-parallel ranks on this node (one per GPU): > 1 runs the stage under `torchrun --nproc-per-node nproc`
+    # (lopd_core.cold_start splits every batch over the ranks); a stage already started by torchrun uses its world
+    nproc: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _ranks_have_work(self) -> ColdStartSpec:
+        if self.cold.batch_size < self.nproc:
+            raise ValueError(f"cold.batch_size={self.cold.batch_size} is below nproc={self.nproc}: every rank needs "
+                             "a record per step")  # fmt: skip
+        return self
 
 
 def cold_start(spec: ColdStartSpec) -> StageResult:
@@ -47,26 +60,34 @@ def cold_start(spec: ColdStartSpec) -> StageResult:
     from components.memory import open_snapshot
     from lopd_core.checkpoint import save_checkpoint
     from lopd_core.cold_start import cold_start as run_cold_start
+    from lopd_core.distributed import init_distributed
     from lopd_core.models import build_models
     from lopd_core.serialization import ChatSerializer
 
+    if spec.nproc > 1 and not under_torchrun():
+        return launch_torchrun(spec, "components.cold_start", spec.nproc)
+    world = init_distributed()  # the one-rank world unless torchrun started this process
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.lopd.seed)
     store = spec.store()
     successes = [t for t in read_trajectories(store.get(spec.dataset)) if t.reward >= spec.success_threshold]
     label = backbone_label(spec.backbone, spec.warm_start)
     labels = {"backbone": label, "seed": spec.lopd.seed, "bank_snapshot_id": spec.bank_snapshot.sha256[:16]}
-    with start_tracking(spec, "cold_start", spec.suite, spec, **labels) as run:
+    tracking = start_tracking(spec, "cold_start", spec.suite, spec, **labels) if world.is_main else NullRun()
+    with tracking as run:  # MLflow from rank 0 only
         model, tok, source = load_stage_backbone(spec.backbone, spec.warm_start, store)
         models = build_models(model, tok, spec.lopd)
-        with open_snapshot(spec, spec.bank_snapshot, "cold_start") as bank:
+        where = "cold_start" + (f"/rank{world.rank}" if world.rank else "")  # one restored copy per rank
+        with open_snapshot(spec, spec.bank_snapshot, where) as bank:
             retrieve = bank.retriever(k=spec.lopd.n_retrieved)
             t0 = time.time()
             losses = run_cold_start(
                 models, ChatSerializer(tok, spec.lopd.max_seq_len), successes, retrieve, spec.lopd, spec.cold,
-                on_step=lambda i, loss: run.log_metrics({"nll": loss}, step=i),
-                success_threshold=spec.success_threshold,
+                on_step=(lambda i, loss: run.log_metrics({"nll": loss}, step=i)) if world.is_main else None,
+                success_threshold=spec.success_threshold, world=world,
             )  # fmt: skip
+        if not world.is_main:  # rank 0 stores the composer and reports; the others only trained
+            return StageResult(stage="cold_start", metrics={"steps": float(len(losses))}, summary="rank > 0")
         path = save_checkpoint(
             Path(spec.stage_dir("cold_start")) / "composer", models, None,
             {"step": 0, "backbone": source, "role": "cold_start", "config": spec.lopd.model_dump(mode="json"),

@@ -130,8 +130,8 @@ class TrainParams(Model):
     nproc: int = Field(
         1,
         ge=1,
-        description="Data-parallel ranks per node, one per GPU (torchrun --nproc-per-node), for the train stage and "
-        "the sft warm start; with mode=deployments their pods request this many GPUs. More nodes: "
+        description="Data-parallel ranks per node, one per GPU (torchrun --nproc-per-node), for the train stage, "
+        "the sft warm start and the cold start; with mode=deployments their pods request this many GPUs. More nodes: "
         "docs/distributed.md (PyTorchJob).",
     )
 

@@ -92,6 +92,7 @@ def cold_start_spec(
         cold=cfg.cold_start,
         success_threshold=cfg.success_threshold,
         threads=cfg.threads,
+        nproc=cfg.train.nproc,
     )
 
 

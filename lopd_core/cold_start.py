@@ -7,6 +7,10 @@ Each training record is one of the base model's own successful trajectories; its
 successes retrieved for its task (never its own: the retriever must exclude the task id, and this function
 checks the texts it gets back do not contain the record's own trace). After the last step the composer is
 frozen as the anchor phi_0 and the cold-start latents c_phi0 are computed for every record's retrieved set.
+
+Data-parallel (under torchrun, `lopd_core.distributed`): every rank samples the same batches and trains on its
+share of each; its NLL is its tokens' sum over the batch's global token count, and DDP reduces the composer's
+gradients, so every rank ends with the one-rank composer (and computes the same c_phi0 cache).
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ import random
 from collections.abc import Callable, Sequence
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from lopd_core.config import ColdStartConfig, LOPDConfig
 from lopd_core.conversation import Trajectory
+from lopd_core.distributed import World, current_world
 from lopd_core.loss_head import token_logprobs
 from lopd_core.models import LOPDModels
 from lopd_core.serialization import ChatSerializer, TeacherContext, aligned_action_positions
@@ -30,6 +36,14 @@ def latent_nll(
     models: LOPDModels, serializer: ChatSerializer, batch: Sequence[Trajectory], retrieved: Sequence[Sequence[str]]
 ) -> torch.Tensor:
     """Token-weighted NLL of the action tokens under the teacher (adapters off) reading the composed latents."""
+    total, count = latent_nll_sum(models, serializer, batch, retrieved)
+    return total / count
+
+
+def latent_nll_sum(
+    models: LOPDModels, serializer: ChatSerializer, batch: Sequence[Trajectory], retrieved: Sequence[Sequence[str]]
+) -> tuple[torch.Tensor, int]:
+    """The summed NLL of `latent_nll`, and its number of action tokens."""
     cfg = models.cfg
     context = TeacherContext.latent(cfg.n_latents)
     s_batch = serializer.collate([serializer.student_view(t) for t in batch])
@@ -37,7 +51,25 @@ def latent_nll(
     rows, _, t_pos, targets = aligned_action_positions(s_batch, t_batch)
     latents = models.composer([t.task for t in batch], retrieved)
     hidden = models.teacher_hidden(t_batch, latents)[rows, t_pos]
-    return -token_logprobs(hidden, targets, models.backbone.get_output_embeddings().weight, cfg.head_chunk_size).mean()
+    head = models.backbone.get_output_embeddings().weight
+    return -token_logprobs(hidden, targets, head, cfg.head_chunk_size).sum(), int(targets.numel())
+
+
+class _ColdStartLoss(torch.nn.Module):
+    """One step's loss on this rank's records, as a module so that DDP sees the forward of each backward: the NLL
+    summed over the rank's action tokens / the batch's global count."""
+
+    def __init__(self, models: LOPDModels, serializer: ChatSerializer, world: World) -> None:
+        super().__init__()
+        self.backbone, self.composer = models.backbone, models.composer
+        self.models, self.serializer, self.world = models, serializer, world
+
+    def forward(self, batch: Sequence[Trajectory], retrieved: Sequence[Sequence[str]]) -> torch.Tensor:
+        if batch:
+            total, count = latent_nll_sum(self.models, self.serializer, batch, retrieved)
+        else:  # fewer records than ranks: a zero that still reaches the composer, as DDP expects
+            total, count = sum(p.sum() for p in self.composer.parameters() if p.requires_grad) * 0.0, 0
+        return total / float(self.world.sum(float(count)))
 
 
 def cold_start(
@@ -49,8 +81,11 @@ def cold_start(
     cold: ColdStartConfig,
     on_step: Callable[[int, float], None] | None = None,
     success_threshold: float = 1.0,
+    world: World | None = None,
 ) -> list[float]:
-    """Train the composer for `cold.steps` steps; freeze it as phi_0; fill the c_phi0 cache. Returns the losses."""
+    """Train the composer for `cold.steps` steps; freeze it as phi_0; fill the c_phi0 cache. Returns the losses
+    (global, the same on every rank). `world` (default: torchrun's, else one rank) splits each batch over ranks."""
+    world = world or current_world()
     records = [t for t in successes if not t.failed and t.reward >= success_threshold]
     if not records:
         raise ValueError("cold-start needs successful trajectories; collect more or lower the success threshold")
@@ -72,15 +107,22 @@ def cold_start(
     rng = random.Random(cfg.seed)
     models.train()
     losses = []
-    for step in tqdm(range(cold.steps), desc="cold-start", unit="step"):
-        batch = rng.sample(records, min(cold.batch_size, len(records)))
-        loss = latent_nll(models, serializer, batch, [retrieved[t.task_id] for t in batch])
+    loss_of = _ColdStartLoss(models, serializer, world)
+    forward = loss_of
+    if world.active:
+        cuda = models.backbone.device.type == "cuda"
+        forward = DistributedDataParallel(loss_of, device_ids=[world.local_rank] if cuda else None,
+                                          find_unused_parameters=True,  # the student's adapters sit idle here
+                                          broadcast_buffers=False)  # fmt: skip
+    for step in tqdm(range(cold.steps), desc="cold-start", unit="step", disable=not world.is_main):
+        batch = world.shard(rng.sample(records, min(cold.batch_size, len(records))))  # this rank's share
+        loss = forward(batch, [retrieved[t.task_id] for t in batch])
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss * world.world_size if world.active else loss).backward()  # DDP averages: x world is the global sum
         torch.nn.utils.clip_grad_norm_(models.composer.encoder_parameters(), cold.grad_clip_lora)
         torch.nn.utils.clip_grad_norm_(models.composer.qformer.parameters(), cold.grad_clip_qformer)
         optimizer.step()
-        losses.append(loss.item())
+        losses.append(float(world.sum(loss.detach())))
         if on_step is not None:
             on_step(step, losses[-1])
     models.composer.freeze_anchor()

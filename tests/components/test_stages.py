@@ -30,14 +30,15 @@ def chain(tmp_path_factory):
     common = {"run_dir": run_dir, "experiment": "stages-test"}
     c = collect(CollectSpec(**common, backbone="tiny", n_tasks=4, samples_per_task=2, rollout=ROLLOUT))
     b = bank(BankSpec(**common, dataset=c.artifacts["dataset"], success_threshold=0.0, embedder="hashing-64"))
-    cs = cold_start(ColdStartSpec(**common, backbone="tiny", dataset=c.artifacts["dataset"],
-                                  bank_snapshot=b.artifacts["bank_snapshot"], success_threshold=0.0,
-                                  lopd=SMALL, cold={"steps": 2, "batch_size": 4}))  # fmt: skip
+    cold_spec = ColdStartSpec(**common, backbone="tiny", dataset=c.artifacts["dataset"],
+                              bank_snapshot=b.artifacts["bank_snapshot"], success_threshold=0.0,
+                              lopd=SMALL, cold={"steps": 2, "batch_size": 4})  # fmt: skip
+    cs = cold_start(cold_spec)
     spec = TrainSpec(**common, backbone="tiny", dataset=c.artifacts["dataset"],
                      bank_snapshot=b.artifacts["bank_snapshot"], composer=cs.artifacts["composer"], lopd=SMALL,
                      schedule={"steps": 2, "tasks_per_step": 2, "checkpoint_every": 1}, rollout=ROLLOUT)  # fmt: skip
     t = train(spec)
-    return {"collect": c, "bank": b, "cold": cs, "train": t, "spec": spec, "run_dir": run_dir}
+    return {"collect": c, "bank": b, "cold": cs, "cold_spec": cold_spec, "train": t, "spec": spec, "run_dir": run_dir}
 
 
 def test_collect_writes_every_trajectory(chain):
@@ -81,6 +82,19 @@ def test_distributed_train_stage_with_two_gloo_ranks(chain):
     assert state["world_size"] == 2 and state["step"] == 2 and state["generations"] == 4
     with pytest.raises(ValueError, match="tasks_per_step=2 is below nproc=3"):
         TrainSpec(**{**spec.model_dump(), "nproc": 3})
+
+
+def test_distributed_cold_start_stage_with_two_gloo_ranks(chain):
+    """The composer's cold start with nproc=2: rank 0 logs one run with every step and writes the composer."""
+    spec = ColdStartSpec(**{**chain["cold_spec"].model_dump(), "nproc": 2, "run_dir": chain["run_dir"] + "/dp"})
+    result = cold_start(spec)
+    assert result.artifacts["composer"].kind == "checkpoint" and result.metrics["anchor_cache"] > 0
+    client = MlflowClient(f"sqlite:///{chain['run_dir']}/dp/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("stages-test").experiment_id])
+    assert [r.info.run_id for r in runs] == [result.mlflow_run_id]  # rank 1 logged nothing
+    assert [m.step for m in client.get_metric_history(result.mlflow_run_id, "nll")] == [0, 1]
+    with pytest.raises(ValueError, match=r"cold\.batch_size=4 is below nproc=5"):
+        ColdStartSpec(**{**spec.model_dump(), "nproc": 5})
 
 
 def test_distributed_sft_stage_with_two_gloo_ranks(tmp_path):

@@ -74,23 +74,31 @@ def test_distributed_two_gloo_ranks_match_one_rank_for_lopd_and_grpo(tmp_path):
     print(f"largest differences two ranks vs one: {worst}")
 
 
-def test_distributed_sft_two_gloo_ranks_match_one_rank(tmp_path):
-    """The warm start, data-parallel: each rank's share of every batch, NLL over the global token count, DDP."""
-    from tests.core.sft_distributed_case import run_case as run_sft_case
+def test_distributed_sft_and_cold_start_two_gloo_ranks_match_one_rank(tmp_path):
+    """The warm start and the composer's cold start, data-parallel: each rank's share of every batch, the NLL
+    over the global token count, DDP. After 3 steps: the losses (global, equal on both ranks) and the trained
+    weights match one rank's; the cold start's c_phi0 cache too."""
+    from tests.core.warm_start_distributed_case import run_cold_start_case, run_sft_case
 
-    one = run_sft_case()
+    one = {"sft": run_sft_case(), "cold": run_cold_start_case()}
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "tests.core.sft_distributed_case", str(tmp_path)]  # fmt: skip
+           "-m", "tests.core.warm_start_distributed_case", str(tmp_path)]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    ranks = [torch.load(tmp_path / f"sft-rank{r}.pt", weights_only=False) for r in range(2)]
-    assert [r["world_size"] for r in ranks] == [2, 2]
-    assert ranks[0]["losses"] == ranks[1]["losses"]  # the global loss, on every rank
-    assert ranks[0]["losses"] == pytest.approx(one["losses"], rel=METRIC_RTOL)
-    worst = 0.0
-    for name, value in one["weights"].items():
-        assert torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]), name
-        worst = max(worst, (ranks[0]["weights"][name] - value).abs().max().item())
-    assert worst <= WEIGHT_ATOL, worst
-    print(f"sft, two ranks vs one: largest weight difference {worst:.2e}")
+    worst = {}
+    for case in ("sft", "cold"):
+        ranks = [torch.load(tmp_path / f"{case}-rank{r}.pt", weights_only=False) for r in range(2)]
+        assert [r["world_size"] for r in ranks] == [2, 2]
+        assert ranks[0]["losses"] == ranks[1]["losses"]  # the global loss, on every rank
+        assert ranks[0]["losses"] == pytest.approx(one[case]["losses"], rel=METRIC_RTOL)
+        worst[case] = 0.0
+        for name, value in one[case]["weights"].items():
+            assert torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]), (case, name)
+            worst[case] = max(worst[case], (ranks[0]["weights"][name] - value).abs().max().item())
+        assert worst[case] <= WEIGHT_ATOL, (case, worst[case])
+    anchor = [torch.load(tmp_path / f"cold-rank{r}.pt", weights_only=False)["anchor"] for r in range(2)]
+    assert anchor[0].keys() == anchor[1].keys() == one["cold"]["anchor"].keys() and len(anchor[0]) == 5
+    for key, value in one["cold"]["anchor"].items():
+        assert torch.allclose(anchor[0][key], value, atol=WEIGHT_ATOL), key
+    print(f"two ranks vs one, largest weight difference: {worst}")
