@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from components.evaluate import GREEDY, BenchmarkSpec, DecodingSpec, EvalRollout
@@ -65,7 +65,7 @@ FOLDED: Any = _fold  # json_schema_extra of a folded field
 def _fold_benchmarks(schema: dict[str, Any]) -> None:
     """Folded, with the default list shown (pydantic gives no default for a default_factory)."""
     _fold(schema)
-    schema["default"] = [b.model_dump(mode="json", exclude_defaults=True) for b in _default_benchmarks()]
+    schema["default"] = [b.name for b in _default_benchmarks()]
 
 
 class SweepLOPDConfig(LOPDConfig):
@@ -166,6 +166,13 @@ class EvalParams(Model):
     def _bare_names(cls, value: Any) -> Any:
         """A benchmark may be given by its name alone: [toolworld, bfcl]."""
         return [{"name": v} if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
+
+    @field_serializer("benchmarks")
+    def _compact(self, benchmarks: list[BenchmarkSpec]) -> list[Any]:
+        """Dumped the way one writes them: a bare name, or a mapping of the fields that differ from the defaults
+        (the form's JSON editor and `--print-config` then show `toolworld`, not thirteen null keys)."""
+        dumps = [b.model_dump(mode="json", exclude_defaults=True) | {"name": b.name} for b in benchmarks]
+        return [d["name"] if len(d) == 1 else d for d in dumps]
 
 
 class ExecutionParams(Model):
