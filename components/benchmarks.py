@@ -68,6 +68,7 @@ def policy_model(spec: EvaluateSpec, store: ArtifactStore) -> Iterator[Loaded]:
         desc = {
             "kind": "lopd_checkpoint", "backbone": backbone or state.get("backbone"), "path": str(path),
             "sha256": digest, "step": state.get("step"), "method": state.get("config", {}).get("method"),
+            "seed": state.get("config", {}).get("seed"),  # the training seed (spec.seed samples the tasks)
         }  # fmt: skip
         with models.acting_student() as student:
             yield Loaded(student, models.tokenizer, models, desc)

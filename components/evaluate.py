@@ -313,7 +313,7 @@ def _track(
         config=spec,
         backbone=metrics["model"].get("backbone") or spec.backbone,
         benchmark=keys,
-        seed=spec.seed,
+        seed=metrics["model"].get("seed"),  # the trained model's seed: "lopd s1 · evaluate"; none for a base model
         method=metrics["model"].get("method"),
         tags=spec.tags,
     ) as run:

@@ -57,3 +57,22 @@ def test_an_unreachable_mlflow_ends_the_run_with_its_message_and_no_traceback(tm
     assert out.returncode == 1, out.stderr[-3000:]
     assert "error: MLflow tracking server at http://127.0.0.1:9 is unreachable" in out.stderr
     assert "retries included" in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_two_by_two_sweep_names_every_run_by_arm_seed_and_stage(tmp_path):
+    """Issue 16: in MLflow's compare view each run of a 2 x 2 sweep says what it is; evaluations carry the seed of
+    the model they score (not the task-sampling seed, which is 0 for all of them)."""
+    from mlflow.tracking import MlflowClient
+
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "MLFLOW_TRACKING_URI": ""}
+    command = [sys.executable, "-m", "flows.cli", "run", str(ROOT / "configs" / "tiny.yaml"), "--run-dir",
+               str(tmp_path / "run"), "-s", "methods=[lopd, grpo]", "-s", "seeds=[0, 1]",
+               "-s", "overrides={grpo: {train.schedule.samples_per_task: 2}}"]  # fmt: skip
+    out = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("lopd").experiment_id], max_results=100)
+    names = sorted(r.info.run_name for r in runs if r.info.run_name.endswith(("train", "evaluate")))
+    expected = [f"{m} s{s} · {stage}" for m in ("lopd", "grpo") for s in (0, 1) for stage in ("train", "evaluate")]
+    assert names == sorted([*expected, "base · evaluate"]), names
