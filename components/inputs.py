@@ -5,8 +5,9 @@ which is what flows pass. On the command line each also takes a path:
 
 - a stage's result JSON (the `--out` file, a stage folder's `result.json`, or an entry of a pipeline's stage
   cache): the artifact of that name in it;
-- a directory holding such results: a stage folder, or a pipeline's run directory (its `stage-cache/`). The one
-  artifact of the field's stage found there is used; several different ones are an error listing them;
+- a directory holding such results: a stage folder, or a pipeline's run directory (its stage cache, under the
+  artifact root: `RUN_DIR/artifacts/stage-cache/`). The one artifact of the field's stage found there is used;
+  several different ones are an error listing them, and a run directory without one is an error too;
 - otherwise the artifact itself, a file or folder, hashed here.
 """
 
@@ -18,7 +19,8 @@ from typing import Any
 
 from lopd_core.artifacts import ArtifactRef, sha256_path
 
-STAGE_CACHE_DIR = "stage-cache"  # a pipeline's results: <run_dir>/stage-cache/<stage>/<key>.json (flows.cache)
+STAGE_CACHE_DIR = "stage-cache"  # a pipeline's results: ARTIFACT_ROOT/stage-cache/STAGE/KEY.json (flows.cache)
+RUN_DIR_MARKS = ("mlflow.db", "artifacts", STAGE_CACHE_DIR, "result.json")  # a run or stage folder, not an artifact
 
 # field -> (the stage whose result holds it, the artifact's name in that result, its kind)
 ARTIFACT_FIELDS: dict[str, tuple[str, str, str]] = {
@@ -43,7 +45,8 @@ def _result(path: Path) -> dict[str, Any] | None:
 
 
 def _results_in(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
-    files = [folder / "result.json", *sorted((folder / STAGE_CACHE_DIR).glob("*/*.json"))]
+    caches = [folder / STAGE_CACHE_DIR, folder / "artifacts" / STAGE_CACHE_DIR]  # an artifact root, a run directory
+    files = [folder / "result.json", *sorted(f for cache in caches for f in cache.glob("*/*.json"))]
     return [(f, r) for f in files if f.is_file() and (r := _result(f)) is not None]
 
 
@@ -57,7 +60,8 @@ def artifact_from_path(field: str, value: str) -> ArtifactRef:
         if name not in result["artifacts"]:
             raise ValueError(f"the result in {path} has no {name!r} artifact (it has {sorted(result['artifacts'])})")
         return ArtifactRef.from_dict(result["artifacts"][name])
-    if path.is_dir() and (results := _results_in(path)):
+    if path.is_dir() and any((path / mark).exists() for mark in RUN_DIR_MARKS):
+        results = _results_in(path)
         found: dict[str, tuple[Path, dict[str, Any]]] = {}
         for file, result in results:
             ref = result["artifacts"].get(name)
@@ -65,7 +69,8 @@ def artifact_from_path(field: str, value: str) -> ArtifactRef:
                 found.setdefault(ref["sha256"], (file, ref))
         if not found:
             stages = sorted({str(r.get("stage")) for _, r in results})
-            raise ValueError(f"{path} holds results of {stages}, none of stage {stage!r} (its {name!r}): run it first")
+            held = f"results of {stages}" if stages else "no stage results"
+            raise ValueError(f"{path} holds {held}, none of stage {stage!r} (its {name!r}): run it first, or {HINT}")
         if len(found) > 1:
             files = "\n".join(f"    {file}" for file, _ in found.values())
             raise ValueError(f"{path} holds {len(found)} different {stage} results; pass one of these files:\n{files}")

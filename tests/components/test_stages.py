@@ -232,11 +232,12 @@ def test_artifact_fields_take_a_result_a_run_directory_or_the_artifact_itself(ch
 
     run_dir = tmp_path / "run"
     entry = {"stage": "collect", "key": "k1", "result": collected.model_dump(mode="json")}
-    (run_dir / "stage-cache" / "collect").mkdir(parents=True)
-    (run_dir / "stage-cache" / "collect" / "k1.json").write_text(json.dumps(entry))
-    (run_dir / "stage-cache" / "bank").mkdir()
+    cache = run_dir / "artifacts" / "stage-cache"  # flows.cache's layout: under the artifact root
+    (cache / "collect").mkdir(parents=True)
+    (cache / "collect" / "k1.json").write_text(json.dumps(entry))
+    (cache / "bank").mkdir()
     banked = {"result": chain["bank"].model_dump(mode="json")}
-    (run_dir / "stage-cache" / "bank" / "k2.json").write_text(json.dumps(banked))
+    (cache / "bank" / "k2.json").write_text(json.dumps(banked))
     assert BankSpec(dataset=str(run_dir)).dataset == ref
     cold = ColdStartSpec(dataset=str(run_dir), bank_snapshot=str(run_dir))
     assert (cold.dataset, cold.bank_snapshot) == (ref, chain["bank"].artifacts["bank_snapshot"])
@@ -245,7 +246,7 @@ def test_artifact_fields_take_a_result_a_run_directory_or_the_artifact_itself(ch
 
     other = json.loads(json.dumps(entry))
     other["result"]["artifacts"]["dataset"]["sha256"] = "0" * 64
-    (run_dir / "stage-cache" / "collect" / "k3.json").write_text(json.dumps(other))
+    (cache / "collect" / "k3.json").write_text(json.dumps(other))
     with pytest.raises(ValueError, match=r"2 different collect results; pass one of these files:\n.*k1\.json"):
         BankSpec(dataset=str(run_dir))
 
@@ -253,6 +254,10 @@ def test_artifact_fields_take_a_result_a_run_directory_or_the_artifact_itself(ch
     assert (own.sha256, own.kind) == (ref.sha256, "dataset")
     with pytest.raises(ValueError, match="does not exist: give an ArtifactRef mapping"):
         BankSpec(dataset=str(tmp_path / "nope"))
+    (tmp_path / "empty-run").mkdir()
+    (tmp_path / "empty-run" / "mlflow.db").write_text("")  # a run directory, never hashed as an artifact
+    with pytest.raises(ValueError, match="holds no stage results, none of stage 'collect'"):
+        BankSpec(dataset=str(tmp_path / "empty-run"))
     with pytest.raises(ValueError, match="has no 'composer' artifact"):
         TrainSpec(dataset=ref.uri, bank_snapshot=str(run_dir), composer=str(result_file))
 

@@ -76,3 +76,11 @@ def test_a_two_by_two_sweep_names_every_run_by_arm_seed_and_stage(tmp_path):
     names = sorted(r.info.run_name for r in runs if r.info.run_name.endswith(("train", "evaluate")))
     expected = [f"{m} s{s} · {stage}" for m in ("lopd", "grpo") for s in (0, 1) for stage in ("train", "evaluate")]
     assert names == sorted([*expected, "base · evaluate"]), names
+    # the stage CLIs read this run directory's results (components.inputs): one collect, two cold starts
+    from components.bank import BankSpec
+    from components.train import TrainSpec
+
+    dataset = BankSpec(dataset=str(tmp_path / "run")).dataset
+    assert dataset.kind == "dataset" and Path(dataset.uri).is_file()
+    with pytest.raises(ValueError, match="2 different cold_start results; pass one of these files"):
+        TrainSpec(dataset=str(tmp_path / "run"), bank_snapshot=str(tmp_path / "run"), composer=str(tmp_path / "run"))
