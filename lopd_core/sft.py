@@ -123,6 +123,21 @@ def copy_loss(model: PreTrainedModel, generator: torch.Generator, batch_size: in
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq[:, -span:].reshape(-1))
 
 
+def with_privileged_solution(demo: Trajectory) -> Trajectory:
+    """The demonstration as a text-context teacher would read it: its own trace, under OPSD's header, in front of
+    the first user message (lopd_core.methods.SolutionContext; the teacher view puts the text there)."""
+    from dataclasses import replace
+
+    from lopd_core.conversation import Message
+    from lopd_core.methods import PRIVILEGED_HEADER
+
+    text = f"{PRIVILEGED_HEADER}A verified successful solution of this task:\n{demo.trace}\n\n"
+    messages = list(demo.messages)
+    i = next(k for k, m in enumerate(messages) if m.role == "user")
+    messages[i] = Message("user", text + messages[i].content)
+    return replace(demo, messages=messages, task_id=demo.task_id + "#privileged")
+
+
 def lr_at(step: int, cfg: SFTConfig) -> float:
     """Linear warmup to cfg.lr, then cosine decay to cfg.lr * cfg.min_lr_ratio at the last step."""
     if step < cfg.warmup_steps:
