@@ -213,7 +213,10 @@ class SFTConfig(StrictModel):
     copy_batch_size: int = Field(0, ge=0, description="Synthetic copying sequences added to every sft step (0 = none).")
     copy_span: int = Field(16, ge=1, description="Tokens repeated in a copying sequence.")
     privileged_fraction: float = Field(
-        0.0, ge=0, le=1, description="Ours: this share of the demonstrations is added again with its own solution "
+        0.0,
+        ge=0,
+        le=1,
+        description="Ours: this share of the demonstrations is added again with its own solution "
         "in front of the task, as the text-context teachers (OPSD) read it, so a teacher with context has seen one.",
     )
     seed: int = Field(0, description="Seed of the demonstration sample and the data order.")

@@ -124,7 +124,7 @@ class TextContext(NoContext):
         out: list[TeacherContext | None] = []
         for t in trajectories:
             text = self.describe(t, trajectories)
-            out.append(TeacherContext.text(PRIVILEGED_HEADER + text + "\n\n") if text else None)
+            out.append(TeacherContext.text(privileged_text(text)) if text else None)
         return out
 
     @torch.no_grad()
@@ -136,6 +136,16 @@ class TextContext(NoContext):
         for n, p in params.items():
             if ".student." in n and "lora_" in n:
                 params[n.replace(".student.", ".teacher.")].lerp_(p, self.rate)
+
+
+def solution_text(solution: str) -> str:
+    """What OPSD's teacher is told about a task (under PRIVILEGED_HEADER): a verified solution of it."""
+    return f"A verified successful solution of this task:\n{solution}"
+
+
+def privileged_text(text: str) -> str:
+    """A text context as the teacher reads it, in front of the first user message."""
+    return PRIVILEGED_HEADER + text + "\n\n"
 
 
 class SolutionContext(TextContext):
@@ -152,7 +162,7 @@ class SolutionContext(TextContext):
 
     def describe(self, trajectory: Trajectory, batch: Sequence[Trajectory]) -> str | None:
         solution = self.solutions(trajectory.task_id)
-        return f"A verified successful solution of this task:\n{solution}" if solution else None
+        return solution_text(solution) if solution else None
 
 
 class DemonstrationContext(SolutionContext):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -27,12 +28,13 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lopd_core.config import SFTConfig
-from lopd_core.conversation import Trajectory
+from lopd_core.conversation import Message, Trajectory
 from lopd_core.distributed import World, current_world
 from lopd_core.envs.actions import ToolCall, format_call
 from lopd_core.envs.base import Suite, Task
 from lopd_core.evaluation.harness import ScriptedPolicy
 from lopd_core.loss_head import token_logprobs
+from lopd_core.methods import privileged_text, solution_text
 from lopd_core.serialization import ChatSerializer
 
 
@@ -124,17 +126,11 @@ def copy_loss(model: PreTrainedModel, generator: torch.Generator, batch_size: in
 
 
 def with_privileged_solution(demo: Trajectory) -> Trajectory:
-    """The demonstration as a text-context teacher would read it: its own trace, under OPSD's header, in front of
-    the first user message (lopd_core.methods.SolutionContext; the teacher view puts the text there)."""
-    from dataclasses import replace
-
-    from lopd_core.conversation import Message
-    from lopd_core.methods import PRIVILEGED_HEADER
-
-    text = f"{PRIVILEGED_HEADER}A verified successful solution of this task:\n{demo.trace}\n\n"
+    """The demonstration as OPSD's teacher reads it (`sft.privileged_fraction`): its own trace as the verified
+    solution, in front of the first user message. Its token view equals the teacher view of the original."""
     messages = list(demo.messages)
     i = next(k for k, m in enumerate(messages) if m.role == "user")
-    messages[i] = Message("user", text + messages[i].content)
+    messages[i] = Message("user", privileged_text(solution_text(demo.trace)) + messages[i].content)
     return replace(demo, messages=messages, task_id=demo.task_id + "#privileged")
 
 

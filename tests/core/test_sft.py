@@ -16,8 +16,9 @@ from lopd_core.envs.base import VALIDATION, WithValidation
 from lopd_core.envs.envscaler import EnvScalerSuite, load_env_items
 from lopd_core.envs.toolworld import DATA_DIR, ENV_FILE, SPLIT_FILES, load_toolworld
 from lopd_core.envs.toolworld.generate import fingerprint, training_pool
-from lopd_core.serialization import ChatSerializer
-from lopd_core.sft import copy_loss, demonstrations, lr_at, nll, reference_actions, sft
+from lopd_core.methods import SolutionContext
+from lopd_core.serialization import ChatSerializer, TeacherContext
+from lopd_core.sft import copy_loss, demonstrations, lr_at, nll, reference_actions, sft, with_privileged_solution
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +120,20 @@ def test_copy_pretraining_data_is_a_repeated_span():
     g = torch.Generator().manual_seed(0)
     loss = copy_loss(model, g, batch_size=4, span=8, length=32)
     assert math.isfinite(loss.item()) and loss.item() > 1.0  # an untrained model cannot copy yet
+
+
+def test_a_privileged_demonstration_is_token_for_token_what_opsd_s_teacher_reads(suite):
+    """sft.privileged_fraction: the demonstration with its own solution in front of the task has exactly the token
+    view (ids and supervised positions) of OPSD's teacher view of it, so the warm start has seen that context."""
+    _, tok = load_backbone("tiny")
+    serializer = ChatSerializer(tok)
+    demos, _ = demonstrations(suite, [t for t in suite.tasks("train") if t.difficulty in (1, 2)][:3])
+    opsd = SolutionContext.__new__(SolutionContext)  # only its describe(): the solutions lookup below
+    opsd.solutions = {d.task_id: d.trace for d in demos}.get
+    for demo in demos:
+        (context,) = SolutionContext.contexts(opsd, [demo])
+        assert isinstance(context, TeacherContext) and demo.trace in context.pieces[0]
+        privileged = serializer.student_view(with_privileged_solution(demo))
+        teacher = serializer.teacher_view(demo, context)
+        assert privileged.input_ids == teacher.input_ids and list(privileged.action_mask) == list(teacher.action_mask)
+        assert with_privileged_solution(demo).task_id == demo.task_id + "#privileged"
