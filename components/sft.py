@@ -84,7 +84,7 @@ def run_sft(spec: SFTSpec) -> StageResult:
     import torch
 
     from lopd_core.distributed import init_distributed
-    from lopd_core.sft import demonstration_stats, demonstrations, sft
+    from lopd_core.sft import demonstration_stats, demonstrations, privileged_copies, sft
 
     if spec.nproc > 1 and not under_torchrun():
         return launch_torchrun(spec, "components.sft", spec.nproc)
@@ -103,11 +103,7 @@ def run_sft(spec: SFTSpec) -> StageResult:
         pool = pool_suite(spec.suite, cfg.pool_per_level, spec.difficulties)
         extra, extra_dropped = demonstrations(pool, pool.tasks("train"), cfg.answer)
         demos, dropped = demos + extra, dropped + extra_dropped
-    if cfg.privileged_fraction > 0:
-        from lopd_core.sft import with_privileged_solution
-
-        chosen = random.Random(cfg.seed + 1).sample(demos, round(cfg.privileged_fraction * len(demos)))
-        demos = demos + [with_privileged_solution(d) for d in chosen if d.trace]
+    demos = demos + privileged_copies(demos, cfg.privileged_fraction, cfg.seed)
     if not demos:
         raise ValueError(
             f"no verified demonstrations in suite {spec.suite!r} (do its scenarios have reference solutions?)"

@@ -190,9 +190,10 @@ def study(
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
         return
+    from flows.report import section
+
     report = Path(summary["report"]).read_text()
-    section = report.split("## Study", 1)[-1].split("\n## ", 1)[0] if "## Study" in report else ""
-    typer.echo("## Study" + section if section else report)
+    typer.echo(section(report, "Study") or report)
     print_summary({**summary, "evaluation": ""}, time.monotonic() - t0)
 
 
@@ -228,9 +229,11 @@ def _run_deployment(name: str, config: dict[str, Any], wait: bool, as_json: bool
     else:
         typer.echo(f"flow run {run_.name} ({run_.id}): {info['state']}")
         if report:  # the artifact: where things are, then the report (its title, "## Evaluation", ...)
+            from flows.report import section
+
             where, _, text = report.partition("\n\n# ")
-            if "## Evaluation" in text:
-                typer.echo("\n## Evaluation" + text.split("## Evaluation", 1)[1].split("\n## ", 1)[0])
+            if table := section(text, "Evaluation"):
+                typer.echo("\n" + table)
             typer.echo(where)
         if url:
             typer.echo(f"Prefect UI:     {url}")

@@ -25,12 +25,12 @@ from lopd_core.config import (
     LOPDConfig,
     LoraSpec,
     MethodName,
+    RolloutConfig,
     ScheduleConfig,
     SFTConfig,
     load_model,
     set_dotted,
 )
-from lopd_core.rollout import RolloutConfig
 
 Method = MethodName
 RemoteStage = Literal["sft", "collect", "cold_start", "train", "evaluate"]

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from components.common import StageResult
 from components.tracking import Tag, Tracker, redact
 from flows.config import PipelineConfig
-from flows.report import ReportSpec
+from flows.report import ReportSpec, section
 from flows.specs import bank_spec, cold_start_spec, collect_spec, common_fields, evaluate_spec, sft_spec, train_spec
 from flows.stages import StageContext, retry_transient, stage_key, stage_task
 from lopd_core.artifacts import ArtifactRef
@@ -321,7 +321,6 @@ def publish(
         create_table_artifact(rows, key="lopd-evaluation", description="Headline scores (0-100) per benchmark")
     if pipe_url:
         create_link_artifact(pipe_url, link_text="MLflow pipeline run", key="lopd-mlflow")
-    table = text.split("## Evaluation", 1)[-1].split("\n## ", 1)[0] if "## Evaluation" in text else ""
     return {
         "run_dir": str(cfg.resolved_run_dir()),
         "artifact_root": cfg.resolved_artifact_root(),
@@ -332,7 +331,7 @@ def publish(
         "flow_run_id": flow_run_id,
         "flow_run_url": flow_run_url,
         "report": str(report_dir / "report.md"),
-        "evaluation": "## Evaluation" + table if table else "",
+        "evaluation": section(text, "Evaluation"),
         "stages": [
             {
                 "stage": o.stage,

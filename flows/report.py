@@ -207,6 +207,13 @@ def seed_means(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
+def section(markdown: str, heading: str) -> str:
+    """The `## heading` section of a report (the heading line included, up to the next `## `), or ""."""
+    if f"## {heading}" not in markdown:
+        return ""
+    return f"## {heading}" + markdown.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+
+
 def render_markdown(
     title: str,
     rows: list[dict[str, Any]],

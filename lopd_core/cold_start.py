@@ -19,12 +19,11 @@ import random
 from collections.abc import Callable, Sequence
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from lopd_core.config import ColdStartConfig, LOPDConfig
 from lopd_core.conversation import Trajectory
-from lopd_core.distributed import World, current_world
+from lopd_core.distributed import World, current_world, idle_loss
 from lopd_core.loss_head import token_logprobs
 from lopd_core.models import LOPDModels
 from lopd_core.serialization import ChatSerializer, TeacherContext, aligned_action_positions
@@ -68,7 +67,7 @@ class _ColdStartLoss(torch.nn.Module):
         if batch:
             total, count = latent_nll_sum(self.models, self.serializer, batch, retrieved)
         else:  # fewer records than ranks: a zero that still reaches the composer, as DDP expects
-            total, count = sum(p.sum() for p in self.composer.parameters() if p.requires_grad) * 0.0, 0
+            total, count = idle_loss([p for p in self.composer.parameters() if p.requires_grad]), 0
         return total / float(self.world.sum(float(count)))
 
 
@@ -107,18 +106,12 @@ def cold_start(
     rng = random.Random(cfg.seed)
     models.train()
     losses = []
-    loss_of = _ColdStartLoss(models, serializer, world)
-    forward = loss_of
-    if world.active:
-        cuda = models.backbone.device.type == "cuda"
-        forward = DistributedDataParallel(loss_of, device_ids=[world.local_rank] if cuda else None,
-                                          find_unused_parameters=True,  # the student's adapters sit idle here
-                                          broadcast_buffers=False)  # fmt: skip
+    forward = world.wrap(_ColdStartLoss(models, serializer, world), find_unused_parameters=True)  # idle: student
     for step in tqdm(range(cold.steps), desc="cold-start", unit="step", disable=not world.is_main):
         batch = world.shard(rng.sample(records, min(cold.batch_size, len(records))))  # this rank's share
         loss = forward(batch, [retrieved[t.task_id] for t in batch])
         optimizer.zero_grad(set_to_none=True)
-        (loss * world.world_size if world.active else loss).backward()  # DDP averages: x world is the global sum
+        world.backward(loss)
         torch.nn.utils.clip_grad_norm_(models.composer.encoder_parameters(), cold.grad_clip_lora)
         torch.nn.utils.clip_grad_norm_(models.composer.qformer.parameters(), cold.grad_clip_qformer)
         optimizer.step()

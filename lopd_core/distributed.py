@@ -3,6 +3,8 @@
     world = init_distributed()          # reads torchrun's RANK/WORLD_SIZE/LOCAL_RANK; one process = no-op
     world.shard(task_ids)               # this rank's share of the step's tasks (every rank sees the same list)
     world.sum(x)                        # all-reduce SUM of a tensor or float (identity on one rank)
+    forward = world.wrap(loss_module)   # DistributedDataParallel when there are several ranks, else the module
+    world.backward(loss)                # this rank's share of the global loss, scaled for DDP's average
 
 What is global and how (the rest of the code calls these helpers; one rank never communicates):
 
@@ -25,6 +27,8 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 T = TypeVar("T")
 
@@ -68,6 +72,21 @@ class World:
         total = self.sum(torch.tensor([float(values[k]) for k in keys], dtype=torch.float64))
         return {k: float(v) for k, v in zip(keys, total.tolist(), strict=True)}
 
+    def wrap(self, module: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
+        """`module` (whose forward is a whole step's loss) under DDP when there are several ranks, else itself."""
+        if not self.active:
+            return module
+        cuda = next(module.parameters()).device.type == "cuda"
+        ids = [self.local_rank] if cuda else None
+        return DistributedDataParallel(
+            module, ids, find_unused_parameters=find_unused_parameters, broadcast_buffers=False
+        )
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate this rank's share of the global loss. DDP averages the ranks' gradients, so the share is
+        scaled by the world size: the reduced gradient is exactly the gradient of the global loss."""
+        (loss * self.world_size if self.active else loss).backward()
+
     def barrier(self) -> None:
         if self.active:
             dist.barrier()
@@ -81,6 +100,12 @@ class World:
 
 
 SINGLE = World()
+
+
+def idle_loss(params: Sequence[nn.Parameter]) -> torch.Tensor:
+    """A zero loss that reaches `params`: a rank with nothing to train on this step still joins DDP's reduction."""
+    return sum((p.sum() for p in params), torch.zeros(())) * 0.0
+
 
 REPLICATED = ("beta", "beta_loss", "updated", "grad_norm_")  # equal on every rank (prefixes): rank 0's value
 MAXIMA = ("step_seconds", "kl_token_max")

@@ -23,13 +23,12 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lopd_core.config import SFTConfig
 from lopd_core.conversation import Message, Trajectory
-from lopd_core.distributed import World, current_world
+from lopd_core.distributed import World, current_world, idle_loss
 from lopd_core.envs.actions import ToolCall, format_call
 from lopd_core.envs.base import Suite, Task
 from lopd_core.evaluation.harness import ScriptedPolicy
@@ -134,6 +133,14 @@ def with_privileged_solution(demo: Trajectory) -> Trajectory:
     return replace(demo, messages=messages, task_id=demo.task_id + "#privileged")
 
 
+def privileged_copies(demos: Sequence[Trajectory], fraction: float, seed: int) -> list[Trajectory]:
+    """`sft.privileged_fraction`: a seeded share of `demos` (those with a trace), each with its solution in front."""
+    if fraction <= 0:
+        return []
+    chosen = random.Random(seed + 1).sample(list(demos), round(fraction * len(demos)))
+    return [with_privileged_solution(d) for d in chosen if d.trace]
+
+
 def lr_at(step: int, cfg: SFTConfig) -> float:
     """Linear warmup to cfg.lr, then cosine decay to cfg.lr * cfg.min_lr_ratio at the last step."""
     if step < cfg.warmup_steps:
@@ -178,7 +185,7 @@ def sft(
     losses = []
     model.train()
     loss_of = _SFTLoss(model, serializer, cfg, copy_rng, world)
-    forward = DistributedDataParallel(loss_of) if world.active else loss_of  # CPU (gloo) or one GPU per rank
+    forward = world.wrap(loss_of)
     for step in tqdm(range(cfg.steps), desc="sft", unit="step", disable=not (progress and world.is_main)):
         if not batches:
             batches = _length_buckets(list(demos), lengths, cfg.batch_size, rng)
@@ -187,7 +194,7 @@ def sft(
             group["lr"] = lr_at(step, cfg)
         loss = forward(world.shard(batch))  # this rank's share of the global loss
         optimizer.zero_grad(set_to_none=True)
-        (loss * world.world_size if world.active else loss).backward()  # DDP averages: x world is the global sum
+        world.backward(loss)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
         optimizer.step()
         losses.append(float(world.sum(loss.detach())))
@@ -217,7 +224,7 @@ class _SFTLoss(torch.nn.Module):
         if batch:
             total, count = nll_sum(self.model, self.serializer, batch)
         else:  # a batch's tail shorter than the world: a zero that still reaches every weight, as DDP expects
-            total, count = sum(p.sum() for p in self.model.parameters()) * 0.0, 0
+            total, count = idle_loss(list(self.model.parameters())), 0
         loss = total / float(self.world.sum(float(count)))
         if self.cfg.copy_batch_size:  # keep the copying circuit while the demonstrations are learnt
             c = self.cfg

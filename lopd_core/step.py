@@ -24,12 +24,11 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from lopd_core.batch import DistillBatch, TeacherInputs
 from lopd_core.config import LOPDConfig
 from lopd_core.conversation import Trajectory
-from lopd_core.distributed import World, current_world, merge_metrics
+from lopd_core.distributed import World, current_world, idle_loss, merge_metrics
 from lopd_core.loss_head import HeadOutputs, distill_head, token_logprobs
 from lopd_core.losses import advantages_from_rewards
 from lopd_core.methods import (  # re-exported: the step's public vocabulary
@@ -138,15 +137,10 @@ class TrainStep:
             ],
             weight_decay=cfg.weight_decay,
         )
-        # data-parallel (lopd_core.distributed): DDP reduces the student's and the composer's gradients
+        # data-parallel (lopd_core.distributed): DDP reduces the student's and the composer's gradients; GRPO leaves
+        # the composer unused
         self.world = world or current_world()
-        self.ddp: DistributedDataParallel | None = None
-        if self.world.active:
-            cuda = models.backbone.device.type == "cuda"
-            self.ddp = DistributedDataParallel(
-                _StepModule(models, self._losses), device_ids=[self.world.local_rank] if cuda else None,
-                find_unused_parameters=True, broadcast_buffers=False,
-            )  # fmt: skip
+        self.forward = self.world.wrap(_StepModule(models, self._losses), find_unused_parameters=True)
 
     def __call__(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -189,9 +183,8 @@ class TrainStep:
         old_logp, stats, head, loss = None, {}, None, None
         for _ in range(self.objective.epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            run = self.ddp if self.ddp is not None else self._losses
-            loss, stats, head, old_logp = run(inputs, old_logp, totals)
-            (loss * self.world.world_size if self.ddp is not None else loss).backward()
+            loss, stats, head, old_logp = self.forward(inputs, old_logp, totals)
+            self.world.backward(loss)
             metrics.update(self._clip())
             self.optimizer.step()
         shared = {**stats, "loss": loss.item()} if inputs is not None else {}
@@ -254,7 +247,7 @@ class TrainStep:
     ) -> tuple[torch.Tensor, dict[str, float], HeadOutputs | None, torch.Tensor | None]:
         """The forward of one update: (loss, stats, head outputs, the sampling policy's log-probs)."""
         if inputs is None:  # data-parallel, no usable record on this rank: a zero loss keeps it in step with DDP
-            return sum(p.sum() for p in self._idle_parameters()) * 0.0, {}, None, None
+            return idle_loss(self._idle_parameters()), {}, None, None
         trajs, s_batch, t_batch, rows, s_pos, t_pos, targets, rewards, groups = inputs
         h_student = self.models.student_hidden(s_batch)[rows, s_pos]
         w_student, w_teacher = self.models.head_weights()
