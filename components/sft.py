@@ -83,7 +83,7 @@ def run_sft(spec: SFTSpec) -> StageResult:
     # the stage's heavy imports load when it runs, so that `--help` stays fast
     import torch
 
-    from lopd_core.distributed import init_distributed
+    from lopd_core.distributed import full_state_dict, init_distributed
     from lopd_core.sft import demonstration_stats, demonstrations, privileged_copies, sft
 
     if spec.nproc > 1 and not under_torchrun():
@@ -117,11 +117,12 @@ def run_sft(spec: SFTSpec) -> StageResult:
         sink = run.metrics_sink()
         losses = sft(model, tok, demos, cfg, spec.max_seq_len, on_step=sink.log, world=world)
         sink.close()
+        weights = full_state_dict(model) if world.active else None  # FSDP: every rank gathers the shards
         if not world.is_main:  # rank 0 stores the model and reports; the others only trained
             return StageResult(stage="sft", metrics={"steps": float(cfg.steps)}, summary="rank > 0")
         run.log_json({**stats, "dropped": dropped}, "demonstrations.json")
         out = spec.stage_dir("sft") / "model"
-        model.save_pretrained(out)
+        model.save_pretrained(out, state_dict=weights)
         tok.save_pretrained(out)
         ref = store.put(out, "model", {"backbone": spec.backbone, "sft_steps": cfg.steps, "n_demos": len(demos)})
         data = store.put(write_trajectories(spec.stage_dir("sft") / "demonstrations.jsonl", demos), "dataset",

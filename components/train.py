@@ -144,7 +144,8 @@ def train(spec: TrainSpec) -> StageResult:
     if spec.resume and state_file.exists():
         saved = json.loads(state_file.read_text())
         before = LOPDConfig.model_validate(saved["config"]).flat()  # a setting added since takes its default
-        diff = sorted(k for k, v in cfg.flat().items() if before.get(k) != v)
+        # how the ranks share the work may change: checkpoints hold whole tensors (lopd_core.checkpoint)
+        diff = sorted(k for k, v in cfg.flat().items() if before.get(k) != v and k != "data_parallel")
         if diff:
             raise ValueError(f"{ckpt_dir} was trained with another method config (differs in {diff}); "
                              "use the same lopd settings to resume, or another run_dir / resume=false")  # fmt: skip
@@ -158,7 +159,8 @@ def train(spec: TrainSpec) -> StageResult:
         from safetensors.torch import load_file
 
         composer_dir = store.get(spec.composer)
-        load_model_tensors(models, load_file(str(composer_dir / "weights.safetensors")))
+        # full fine-tuning: the student keeps the backbone's (warm-start) weights
+        load_model_tensors(models, load_file(str(composer_dir / "weights.safetensors")), student=False)
         models.composer.anchor_cache.load(composer_dir / "latent_cache.safetensors")
     bank = None  # LOPD's experience memory, locked while this run reads it and released however the run ends
     bank_scope = contextlib.ExitStack()
@@ -190,7 +192,7 @@ def train(spec: TrainSpec) -> StageResult:
         if spec.rollout.engine == "vllm":
             from lopd_core.vllm_engine import VllmRolloutEngine
 
-            with models.acting_student() as acting:
+            with step.gathered(), models.acting_student() as acting:
                 vllm = bank_scope.enter_context(
                     VllmRolloutEngine(acting, tok, spec.rollout.seeded(cfg.seed, progress=False))
                 )

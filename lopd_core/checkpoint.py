@@ -27,21 +27,49 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
+from torch.distributed.tensor import DTensor
 
-from lopd_core.distributed import World
+from lopd_core.distributed import World, full_tensor, shard_like
 from lopd_core.models import LOPDModels
 
 FORMAT_VERSION = 1
 
 
 def model_tensors(models: LOPDModels) -> dict[str, torch.Tensor]:
-    """Everything trainable or adapter-held that is not the frozen base weights."""
+    """Everything trainable or adapter-held that is not the frozen base weights, whole: tensors that FSDP shards
+    are gathered, a collective, so under FSDP every rank calls this in step."""
     out = {f"backbone.{n}": p.detach() for n, p in models.backbone.named_parameters() if "lora_" in n}
     out.update({f"qformer.{n}": t.detach() for n, t in models.composer.qformer.state_dict().items()})
     out.update({f"anchor_qformer.{n}": t.detach() for n, t in models.composer.anchor_qformer.state_dict().items()})
     if models.student is not models.backbone:
         out.update({f"student.{n}": t.detach() for n, t in _untied(models.student.state_dict()).items()})
-    return {k: v.contiguous().cpu() for k, v in out.items()}
+    return {k: full_tensor(v).contiguous().cpu() for k, v in out.items()}
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state dict with whole tensors (FSDP's sharded AdamW moments gathered; every rank calls)."""
+    state = optimizer.state_dict()
+    per_param = {i: {k: full_tensor(v) for k, v in state["state"][i].items()} for i in sorted(state["state"])}
+    return {**state, "state": per_param}
+
+
+def checkpoint_tensors(
+    models: LOPDModels, optimizer: torch.optim.Optimizer | None
+) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """What `save_checkpoint` writes of the weights and the optimizer, whole. Data-parallel, every rank calls this
+    (FSDP gathers the shards) and rank 0 writes."""
+    return model_tensors(models), optimizer_state(optimizer) if optimizer is not None else None
+
+
+def _shard_optimizer_state(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """A whole optimizer state laid out as `optimizer`'s parameters are: each rank's shard under FSDP."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    per_param = {}
+    for i, values in state["state"].items():
+        param = params[int(i)]
+        per_param[i] = {k: shard_like(v, param) if torch.is_tensor(v) and v.shape == param.shape else v
+                        for k, v in values.items()}  # fmt: skip
+    return {**state, "state": per_param}
 
 
 def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -50,14 +78,20 @@ def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     seen: set[tuple[int, int]] = set()
     out = {}
     for name, tensor in state.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        key = (local.untyped_storage().data_ptr(), local.storage_offset())
         if key not in seen:
             seen.add(key)
             out[name] = tensor
     return out
 
 
-def load_model_tensors(models: LOPDModels, tensors: dict[str, torch.Tensor]) -> None:
+def load_model_tensors(models: LOPDModels, tensors: dict[str, torch.Tensor], student: bool = True) -> None:
+    """Load `model_tensors` output into `models` (each tensor laid out as its parameter is, sharded or not).
+    `student=False`: the tensors hold the composer only (a cold start's output), and a fully fine-tuned student
+    keeps its own weights."""
+    if not student and models.student is not models.backbone:
+        tensors = {k: v for k, v in tensors.items() if ".student." not in k and not k.startswith("student.")}
     params = dict(models.backbone.named_parameters())
     missing = [n for n in params if "lora_" in n and f"backbone.{n}" not in tensors]
     if missing:
@@ -68,12 +102,15 @@ def load_model_tensors(models: LOPDModels, tensors: dict[str, torch.Tensor]) -> 
                 name = key.removeprefix("backbone.")
                 if name not in params:
                     raise ValueError(f"checkpoint tensor {name} has no place in this model")
-                params[name].copy_(value)
+                params[name].copy_(shard_like(value, params[name]))
     for prefix, module in (("qformer.", models.composer.qformer), ("anchor_qformer.", models.composer.anchor_qformer)):
-        module.load_state_dict({k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)})
-    if models.student is not models.backbone:
-        student = {k.removeprefix("student."): v for k, v in tensors.items() if k.startswith("student.")}
+        current = module.state_dict()
+        given = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+        module.load_state_dict({k: shard_like(v, current[k]) if k in current else v for k, v in given.items()})
+    if models.student is not models.backbone and student:
         current = models.student.state_dict()
+        student = {k.removeprefix("student."): v for k, v in tensors.items() if k.startswith("student.")}
+        student = {k: shard_like(v, current[k]) if k in current else v for k, v in student.items()}
         tied = set(current) - set(_untied(current))
         missing, unexpected = models.student.load_state_dict(student, strict=False)
         if unexpected or set(missing) - tied:
@@ -97,16 +134,19 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None,
     state: dict[str, Any],
     ranks_rng: list[dict[str, Any]] | None = None,
+    whole: tuple[dict[str, torch.Tensor], dict[str, Any] | None] | None = None,
 ) -> Path:
     """Write a checkpoint directory at `path` (replacing an older one atomically). `state` must be JSON-able.
-    `ranks_rng`: every rank's RNG states (data-parallel; `gather_rng_states`)."""
+    Data-parallel: `ranks_rng`, every rank's RNG states (`gather_rng_states`); `whole`, the weights and optimizer
+    state every rank gathered (`checkpoint_tensors`; needed under FSDP)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    tensors, optim = whole if whole is not None else checkpoint_tensors(models, optimizer)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
     try:
-        save_file(model_tensors(models), str(tmp / "weights.safetensors"))
-        if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        save_file(tensors, str(tmp / "weights.safetensors"))
+        if optim is not None:
+            torch.save(optim, tmp / "optimizer.pt")
         models.composer.anchor_cache.save(tmp / "latent_cache.safetensors")
         torch.save(rng_state(), tmp / "rng.pt")
         if ranks_rng is not None:
@@ -151,7 +191,8 @@ def load_checkpoint(
     if optimizer is not None:
         if not (path / "optimizer.pt").exists():
             raise ValueError(f"{path} holds weights only (a cold-start checkpoint?): it cannot resume training")
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+        whole = torch.load(path / "optimizer.pt", weights_only=False)
+        optimizer.load_state_dict(_shard_optimizer_state(whole, optimizer))
         set_rng_state(torch.load(path / "rng.pt", weights_only=False))
         if world_size > 1 and (path / "rng_ranks.pt").exists():
             ranks = torch.load(path / "rng_ranks.pt", weights_only=False)

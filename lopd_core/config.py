@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -219,6 +219,12 @@ class SFTConfig(StrictModel):
         description="Ours: this share of the demonstrations is added again with its own solution "
         "in front of the task, as the text-context teachers (OPSD) read it, so a teacher with context has seen one.",
     )
+    data_parallel: Literal["auto", "ddp", "fsdp"] = Field(
+        "auto",
+        description="Several ranks (torchrun): ddp = a full replica on every rank; fsdp = FSDP2 (fully_shard), each "
+        "decoder layer one unit, weights, gradients and AdamW state sharded over the ranks; auto = fsdp (sft trains "
+        "every weight).",
+    )
     seed: int = Field(0, description="Seed of the demonstration sample and the data order.")
 
 
@@ -326,9 +332,30 @@ class LOPDConfig(StrictModel):
     gradient_checkpointing_min_len: int = Field(
         2048, ge=1, description="Ours: the view length from which saved activations start to dominate memory."
     )
+    data_parallel: Literal["auto", "ddp", "fsdp"] = Field(
+        "auto",
+        description="Several ranks (torchrun): ddp = a full replica of the trained weights on every rank, gradients "
+        "all-reduced; fsdp = FSDP2 (fully_shard): the trained model's decoder layers each one unit, weights, "
+        "gradients and AdamW state sharded over the ranks; auto = fsdp for full fine-tuning, ddp for LoRA.",
+    )
     head_chunk_size: int = Field(1024, ge=1, description="Positions per chunk of the fused loss head.")
     seed: int = Field(0, description="Training seed.")
     baseline: BaselineConfig = Field(BaselineConfig(), description="Knobs of the baselines; LOPD ignores them.")
+
+    @model_validator(mode="after")
+    def _sharding_needs_full_student(self) -> LOPDConfig:
+        if self.data_parallel == "fsdp" and self.student_mode != "full":
+            raise ValueError(
+                "data_parallel=fsdp needs student_mode=full: a LoRA student is the backbone that the teacher and the "
+                "composer also run, a different number of times on each rank, so its layers cannot be sharded; use "
+                "data_parallel=ddp (or auto) for LoRA, whose trainable weights are small"
+            )
+        return self
+
+    @property
+    def sharded(self) -> bool:
+        """Whether data-parallel training shards the student with FSDP2 (`data_parallel`)."""
+        return self.data_parallel == "fsdp" or (self.data_parallel == "auto" and self.student_mode == "full")
 
     @property
     def n_latents(self) -> int:

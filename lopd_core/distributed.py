@@ -4,7 +4,9 @@
     world.shard(task_ids)               # this rank's share of the step's tasks (every rank sees the same list)
     world.sum(x)                        # all-reduce SUM of a tensor or float (identity on one rank)
     forward = world.wrap(loss_module)   # DistributedDataParallel when there are several ranks, else the module
-    world.backward(loss)                # this rank's share of the global loss, scaled for DDP's average
+    forward = world.wrap(loss_module, shard_units=layers)   # FSDP2 (fully_shard) instead: full fine-tuning
+    world.backward(loss)                # this rank's share of the global loss, scaled for DDP's (FSDP's) average
+    with gathered(forward): ...         # FSDP: every weight whole, for rollouts and weight syncs outside the step
 
 What is global and how (the rest of the code calls these helpers; one rank never communicates):
 
@@ -15,19 +17,29 @@ What is global and how (the rest of the code calls these helpers; one rank never
   `world * loss` and the reduced gradient is exactly the gradient of the global loss;
 - scalars that drive control flow (the margin Delta of the dual step on beta) and every logged statistic are
   all-reduced, so every rank takes the same beta step.
+
+DDP keeps a full replica of every weight, gradient and AdamW state on each rank: right for LoRA students, whose
+trainable weights are small. FSDP2 (`fully_shard`) shards them over the ranks: each decoder layer of the trained
+model is one unit, gathered for its forward and backward and re-sharded after; everything else under the root
+(embeddings, the frozen teacher backbone, the composer) is the root unit, gathered for the step's forward and
+backward. Gradients are reduce-scattered (averaged, as DDP's), so `backward` is the same for both. Outside the
+step (rollouts, weight syncs) `gathered` makes every weight whole; checkpoints hold full tensors
+(`full_tensor` on save, `shard_like` on load), so they resume at any world size with either scheme.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 
 T = TypeVar("T")
@@ -72,19 +84,43 @@ class World:
         total = self.sum(torch.tensor([float(values[k]) for k in keys], dtype=torch.float64))
         return {k: float(v) for k, v in zip(keys, total.tolist(), strict=True)}
 
-    def wrap(self, module: nn.Module, find_unused_parameters: bool = False) -> nn.Module:
-        """`module` (whose forward is a whole step's loss) under DDP when there are several ranks, else itself."""
+    def wrap(
+        self, module: nn.Module, find_unused_parameters: bool = False, shard_units: Sequence[nn.Module] | None = None
+    ) -> nn.Module:
+        """`module` (whose forward is a whole step's loss) under DDP when there are several ranks, else itself.
+
+        `shard_units` (e.g. the trained model's decoder layers): FSDP2 instead of DDP. Each unit, then `module`
+        (the root: every other parameter under it) is sharded in place over the ranks; the module is returned.
+        """
         if not self.active:
             return module
+        if shard_units is not None:
+            return self._fully_shard(module, shard_units)
         cuda = next(module.parameters()).device.type == "cuda"
         ids = [self.local_rank] if cuda else None
         return DistributedDataParallel(
             module, ids, find_unused_parameters=find_unused_parameters, broadcast_buffers=False
         )
 
+    def _fully_shard(self, module: nn.Module, units: Sequence[nn.Module]) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        for unit in units:
+            fully_shard(unit, mesh=mesh)
+        root = fully_shard(module, mesh=mesh)
+        # a parameter that one rank's loss does not reach (its records, a method's unused composer) is reduced as
+        # a zero gradient, as DDP's find_unused_parameters does, so that the ranks' reductions stay alike
+        root.set_reduce_scatter_unused_params(True)
+        # FSDP makes the first module that runs forward its root; rollouts run the units before the root ever
+        # does, so the root is initialised now
+        root._get_fsdp_state()._lazy_init()
+        return root
+
     def backward(self, loss: torch.Tensor) -> None:
-        """Back-propagate this rank's share of the global loss. DDP averages the ranks' gradients, so the share is
-        scaled by the world size: the reduced gradient is exactly the gradient of the global loss."""
+        """Back-propagate this rank's share of the global loss. DDP (and FSDP) average the ranks' gradients, so the
+        share is scaled by the world size: the reduced gradient is exactly the gradient of the global loss."""
         (loss * self.world_size if self.active else loss).backward()
 
     def barrier(self) -> None:
@@ -102,9 +138,75 @@ class World:
 SINGLE = World()
 
 
-def idle_loss(params: Sequence[nn.Parameter]) -> torch.Tensor:
-    """A zero loss that reaches `params`: a rank with nothing to train on this step still joins DDP's reduction."""
-    return sum((p.sum() for p in params), torch.zeros(())) * 0.0
+def is_sharded(module: nn.Module) -> bool:
+    """Whether `module` was sharded by `World.wrap(..., shard_units=...)` (FSDP2)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+@contextlib.contextmanager
+def gathered(root: nn.Module) -> Iterator[None]:
+    """Every FSDP unit under `root` whole (not re-sharded after each forward) inside the block: rollouts and weight
+    syncs call the model outside the step, each rank a different number of times, so they must not communicate.
+    A collective at entry (every rank enters); without FSDP, nothing happens."""
+    if not is_sharded(root):
+        yield
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in root.modules() if isinstance(m, FSDPModule)]
+    inner = [m for m in units if m is not root]  # the root is not re-sharded after forward anyway
+    for unit in units:
+        unit.unshard()
+    for unit in inner:
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for unit in inner:
+            unit.set_reshard_after_forward(True, recurse=False)
+        for unit in units:
+            unit.reshard()
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor (DTensor) made whole on every rank (a collective), any other tensor as it is."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def shard_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`value` (whole, the same on every rank) laid out as `like`: this rank's shard when `like` is sharded."""
+    if not isinstance(like, DTensor):
+        return value
+    return distribute_tensor(value.to(like.dtype), like.device_mesh, like.placements, src_data_rank=None)
+
+
+def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """`module.state_dict()` with every sharded tensor made whole (a collective on every rank). Tied weights stay
+    one tensor under both names."""
+    out, seen = {}, {}
+    for name, value in module.state_dict().items():
+        if id(value) not in seen:
+            seen[id(value)] = full_tensor(value).detach()
+        out[name] = seen[id(value)]
+    return out
+
+
+def scalar(value: torch.Tensor) -> float:
+    """A (possibly sharded-reduced) scalar tensor as a float, e.g. a gradient norm under FSDP."""
+    return float(full_tensor(value).item())
+
+
+def idle_loss(params: Sequence[nn.Parameter], model: nn.Module | None = None) -> torch.Tensor:
+    """A zero loss for a rank with nothing to train on this step, so that it still joins the gradient reduction:
+    it reaches `params` (DDP) and, given `model` (a causal LM, sharded by FSDP), runs one token through it so that
+    the model's per-layer gathers and reductions run on this rank too."""
+    zero = sum((p.sum() for p in params if not isinstance(p, DTensor)), torch.zeros(()))
+    if model is not None:
+        device = next(model.parameters()).device
+        zero = zero + model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device)).logits.sum()
+    return zero * 0.0
 
 
 REPLICATED = ("beta", "beta_loss", "updated", "grad_norm_")  # equal on every rank (prefixes): rank 0's value

@@ -18,11 +18,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from lopd_core.adapters import AdapterSwitch, add_lora
 from lopd_core.composer import Composer, attach_composer_adapters
 from lopd_core.config import LOPDConfig
 from lopd_core.serialization import TokenBatch
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of a causal LM (the units that FSDP shards and checkpointing recomputes)."""
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
 def splice_latents(embeds: torch.Tensor, latents: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:

@@ -28,12 +28,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lopd_core.config import SFTConfig
 from lopd_core.conversation import Message, Trajectory
-from lopd_core.distributed import World, current_world, idle_loss
+from lopd_core.distributed import World, current_world, idle_loss, is_sharded, scalar
 from lopd_core.envs.actions import ToolCall, format_call
 from lopd_core.envs.base import Suite, Task
 from lopd_core.evaluation.harness import ScriptedPolicy
 from lopd_core.loss_head import token_logprobs
 from lopd_core.methods import privileged_text, solution_text
+from lopd_core.models import decoder_layers
 from lopd_core.serialization import ChatSerializer
 
 
@@ -161,7 +162,8 @@ def sft(
     world: World | None = None,
 ) -> list[float]:
     """Train every weight of `model` for `cfg.steps` AdamW steps on seeded batches of `demos`; returns the losses
-    (global, the same on every rank). `world` (default: torchrun's, else one rank) splits each batch over ranks."""
+    (global, the same on every rank). `world` (default: torchrun's, else one rank) splits each batch over ranks;
+    under FSDP (`cfg.data_parallel`) `model` is left sharded: `lopd_core.distributed.full_state_dict` gathers it."""
     world = world or current_world()
     if not demos:
         raise ValueError("sft needs at least one demonstration")
@@ -173,19 +175,21 @@ def sft(
     if over:
         raise ValueError(f"{len(over)} demonstrations exceed max_seq_len={max_seq_len}: {over[:3]}")
     model.requires_grad_(True)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    copy_rng = torch.Generator().manual_seed(cfg.seed)
+    loss_of = _SFTLoss(model, serializer, cfg, copy_rng, world)
+    # several ranks: FSDP2 shards every weight, one unit per decoder layer (cfg.data_parallel), or DDP replicates
+    units = decoder_layers(model) if cfg.data_parallel != "ddp" and world.active else None
+    forward = world.wrap(loss_of, shard_units=units)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]  # after sharding: FSDP's parameters
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr
     )
     rng = random.Random(cfg.seed)
-    copy_rng = torch.Generator().manual_seed(cfg.seed)
     lengths = {id(d): len(serializer.student_view(d)) for d in demos}
     batches: list[list[Trajectory]] = []
     losses = []
     model.train()
-    loss_of = _SFTLoss(model, serializer, cfg, copy_rng, world)
-    forward = world.wrap(loss_of)
     for step in tqdm(range(cfg.steps), desc="sft", unit="step", disable=not (progress and world.is_main)):
         if not batches:
             batches = _length_buckets(list(demos), lengths, cfg.batch_size, rng)
@@ -195,7 +199,7 @@ def sft(
         loss = forward(world.shard(batch))  # this rank's share of the global loss
         optimizer.zero_grad(set_to_none=True)
         world.backward(loss)
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
+        norm = scalar(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
         optimizer.step()
         losses.append(float(world.sum(loss.detach())))
         if on_step is not None:
@@ -224,7 +228,7 @@ class _SFTLoss(torch.nn.Module):
         if batch:
             total, count = nll_sum(self.model, self.serializer, batch)
         else:  # a batch's tail shorter than the world: a zero that still reaches every weight, as DDP expects
-            total, count = idle_loss(list(self.model.parameters())), 0
+            total, count = idle_loss(list(self.model.parameters()), self.model if is_sharded(self) else None), 0
         loss = total / float(self.world.sum(float(count)))
         if self.cfg.copy_batch_size:  # keep the copying circuit while the demonstrations are learnt
             c = self.cfg

@@ -18,6 +18,7 @@ context are left out of the loss and counted.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
@@ -28,7 +29,7 @@ from torch import nn
 from lopd_core.batch import DistillBatch, TeacherInputs
 from lopd_core.config import LOPDConfig
 from lopd_core.conversation import Trajectory
-from lopd_core.distributed import World, current_world, idle_loss, merge_metrics
+from lopd_core.distributed import World, current_world, gathered, idle_loss, is_sharded, merge_metrics, scalar
 from lopd_core.loss_head import HeadOutputs, distill_head, token_logprobs
 from lopd_core.losses import advantages_from_rewards
 from lopd_core.methods import (  # re-exported: the step's public vocabulary
@@ -39,7 +40,7 @@ from lopd_core.methods import (  # re-exported: the step's public vocabulary
     Retriever,
     build_method,
 )
-from lopd_core.models import LOPDModels
+from lopd_core.models import LOPDModels, decoder_layers
 from lopd_core.serialization import ChatSerializer, TokenBatch, aligned_action_positions
 
 __all__ = [
@@ -130,17 +131,23 @@ class TrainStep:
         # Called after every optimizer step (e.g. loading the new student weights into a vLLM rollout engine);
         # their time is logged as `sync_seconds`.
         self.after_update: list[Callable[[], object]] = []
-        self.optimizer = torch.optim.AdamW(
+        # data-parallel (lopd_core.distributed): DDP reduces the student's and the composer's gradients (GRPO leaves
+        # the composer unused); FSDP2 (`cfg.data_parallel`, full fine-tuning) shards them, one unit per student layer
+        self.world = world or current_world()
+        units = decoder_layers(models.student) if cfg.sharded and self.world.active else None
+        self.forward = self.world.wrap(_StepModule(models, self._losses), find_unused_parameters=True,
+                                       shard_units=units)  # fmt: skip
+        self.optimizer = torch.optim.AdamW(  # after sharding: FSDP replaces the parameters by their shards
             [
                 {"params": models.student_parameters(), "lr": cfg.student_lr, "name": "student"},
                 {"params": models.composer_parameters(), "lr": cfg.composer_lr, "name": "composer"},
             ],
             weight_decay=cfg.weight_decay,
         )
-        # data-parallel (lopd_core.distributed): DDP reduces the student's and the composer's gradients; GRPO leaves
-        # the composer unused
-        self.world = world or current_world()
-        self.forward = self.world.wrap(_StepModule(models, self._losses), find_unused_parameters=True)
+
+    def gathered(self) -> contextlib.AbstractContextManager[None]:
+        """The models whole for use outside the step (rollouts, weight syncs): a no-op unless FSDP shards them."""
+        return gathered(self.forward)
 
     def __call__(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -185,6 +192,9 @@ class TrainStep:
             self.optimizer.zero_grad(set_to_none=True)
             loss, stats, head, old_logp = self.forward(inputs, old_logp, totals)
             self.world.backward(loss)
+            if not self._trains_composer:  # FSDP reduces unused parameters as zero gradients: AdamW's weight decay
+                for p in self.models.composer_parameters():  # would then move a composer the method never uses
+                    p.grad = None
             metrics.update(self._clip())
             self.optimizer.step()
         shared = {**stats, "loss": loss.item()} if inputs is not None else {}
@@ -194,8 +204,9 @@ class TrainStep:
         self.strategy.after_step()
         if self.after_update:
             t_sync = time.perf_counter()
-            for hook in self.after_update:
-                hook()
+            with self.gathered():
+                for hook in self.after_update:
+                    hook()
             metrics["sync_seconds"] = time.perf_counter() - t_sync
 
         metrics.update(self.strategy.metrics())
@@ -247,7 +258,10 @@ class TrainStep:
     ) -> tuple[torch.Tensor, dict[str, float], HeadOutputs | None, torch.Tensor | None]:
         """The forward of one update: (loss, stats, head outputs, the sampling policy's log-probs)."""
         if inputs is None:  # data-parallel, no usable record on this rank: a zero loss keeps it in step with DDP
-            return idle_loss(self._idle_parameters()), {}, None, None
+            if not is_sharded(self.forward):
+                return idle_loss(self._idle_parameters()), {}, None, None
+            with self.models.acting_student() as student:  # FSDP: the student's layers gather on every rank
+                return idle_loss([], student), {}, None, None
         trajs, s_batch, t_batch, rows, s_pos, t_pos, targets, rewards, groups = inputs
         h_student = self.models.student_hidden(s_batch)[rows, s_pos]
         w_student, w_teacher = self.models.head_weights()
@@ -269,10 +283,14 @@ class TrainStep:
         loss, stats = self.objective.loss(head, batch)
         return loss, stats, head, old_logp
 
+    @property
+    def _trains_composer(self) -> bool:
+        """Whether the step's loss reaches the composer: the teacher is needed and back-propagates into it."""
+        return self.objective.needs_teacher and self.strategy.teacher_requires_grad
+
     def _idle_parameters(self) -> list[nn.Parameter]:
         """The parameters a step's loss reaches: the student's, and the composer's when the teacher needs it."""
-        composer = self.objective.needs_teacher and self.strategy.teacher_requires_grad
-        return self.models.student_parameters() + (self.models.composer_parameters() if composer else [])
+        return self.models.student_parameters() + (self.models.composer_parameters() if self._trains_composer else [])
 
     def _clip(self) -> dict[str, float]:
         composer = self.models.composer
@@ -314,7 +332,7 @@ def clip_gradients(
     for name, (params, limit) in groups.items():
         with_grad = [p for p in params if p.grad is not None]
         if with_grad:
-            out[f"grad_norm_{name}"] = torch.nn.utils.clip_grad_norm_(with_grad, limit).item()
+            out[f"grad_norm_{name}"] = scalar(torch.nn.utils.clip_grad_norm_(with_grad, limit))
     return out
 
 

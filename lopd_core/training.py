@@ -10,7 +10,8 @@ killed after step k and resumed ends with the same metrics as one that never sto
 Under torchrun (`lopd_core.distributed`) every rank runs this loop: the sampler is the same everywhere, rank r
 rolls out every world_size-th task of the step, the step reduces over ranks, and rank 0 alone writes the
 checkpoint (with every rank's RNG state). A checkpoint resumes at any world size (weights, optimizer, beta,
-sampler and counters are the same on every rank); at the world size that wrote it, exactly.
+sampler and counters are the same on every rank, and a checkpoint holds whole tensors even when FSDP shards them);
+at the world size that wrote it, exactly.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from lopd_core.checkpoint import gather_rng_states, load_checkpoint, save_checkpoint
+from lopd_core.checkpoint import checkpoint_tensors, gather_rng_states, load_checkpoint, save_checkpoint
 from lopd_core.config import ScheduleConfig
 from lopd_core.conversation import Trajectory
 from lopd_core.envs.base import Task
@@ -119,7 +120,7 @@ def train_loop(
     for index in steps:
         local_ids = world.shard(sampler.next_batch())  # one rank: every task of the step
         batch_tasks = [by_id[i] for i in local_ids for _ in range(schedule.samples_per_task)]
-        with step.models.acting_student():
+        with step.gathered(), step.models.acting_student():  # FSDP: the student whole while it generates
             trajectories = rollout(batch_tasks)
         metrics = step(trajectories)  # global metrics: generations summed over ranks
         generations += int(metrics["generations"])
@@ -143,8 +144,9 @@ def train_loop(
             if world.active:  # written once, by rank 0 (the weights and the optimizer are the same on every rank)
                 state["world_size"] = world.world_size
                 ranks_rng = gather_rng_states(world)
+                whole = checkpoint_tensors(step.models, step.optimizer)  # FSDP: gathered from the shards, every rank
                 if world.is_main:
-                    save_checkpoint(last, step.models, step.optimizer, state, ranks_rng)
+                    save_checkpoint(last, step.models, step.optimizer, state, ranks_rng, whole)
                     if on_checkpoint is not None:
                         on_checkpoint(last, done)
                 world.barrier()

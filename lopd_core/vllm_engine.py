@@ -111,6 +111,8 @@ def merged_state_dict(model: torch.nn.Module, adapter: str | None = None) -> dic
     The model is not modified. A tied LM head is left out (it is the embedding)."""
     from peft.tuners.lora import LoraLayer
 
+    from lopd_core.distributed import full_tensor
+
     base = base_model(model)
     adapter = adapter if adapter is not None else active_adapter(model)
     out: dict[str, torch.Tensor] = {}
@@ -124,6 +126,7 @@ def merged_state_dict(model: torch.nn.Module, adapter: str | None = None) -> dic
         clean = name.replace(".base_layer.", ".")
         if ".original_module." in clean:
             clean = clean.replace(".original_module.", ".")
+        tensor = full_tensor(tensor)  # FSDP (full fine-tuning): the shards gathered, on every rank
         value = tensor + deltas[clean].to(tensor.dtype) if clean in deltas else tensor
         out[clean] = value.detach().to("cpu", torch.float32).contiguous().clone()
     if getattr(base.config, "tie_word_embeddings", False):

@@ -84,6 +84,30 @@ def test_distributed_train_stage_with_two_gloo_ranks(chain):
         TrainSpec(**{**spec.model_dump(), "nproc": 3})
 
 
+def test_distributed_fsdp_train_stage_with_two_gloo_ranks(chain):
+    """Full fine-tuning with nproc=2 shards the student with FSDP2: real rollouts, where the ranks run different
+    numbers of forward passes (the student gathered whole), a checkpoint of whole tensors, and a resume."""
+    from safetensors.torch import load_file
+
+    from lopd_core.backbone import load_backbone
+
+    lopd = chain["spec"].lopd.model_copy(update={"seed": 2, "student_mode": "full"})
+    spec = chain["spec"].model_copy(update={"nproc": 2, "lopd": lopd})
+    t = train(spec)
+    assert t.metrics["steps"] == 2 and t.metrics["generations_total"] == 4
+    last = Path(chain["run_dir"]) / "train" / "lopd-seed2" / "last"
+    assert json.loads((last / "state.json").read_text())["world_size"] == 2
+    weights = load_file(str(last / "weights.safetensors"))
+    backbone, _ = load_backbone("tiny")
+    for name, p in backbone.named_parameters():  # every student weight whole, not a rank's shard
+        if name != "lm_head.weight":  # tied to the embedding
+            assert weights[f"student.{name}"].shape == p.shape, name
+    more = train(spec.model_copy(update={"schedule": spec.schedule.model_copy(update={"steps": 3})}))
+    assert more.mlflow_run_id == t.mlflow_run_id and more.metrics["steps"] == 3
+    client = MlflowClient(f"sqlite:///{chain['run_dir']}/mlflow.db")
+    assert [m.step for m in client.get_metric_history(t.mlflow_run_id, "loss")] == [0, 1, 2]
+
+
 def test_distributed_cold_start_stage_with_two_gloo_ranks(chain):
     """The composer's cold start with nproc=2: rank 0 logs one run with every step and writes the composer."""
     spec = ColdStartSpec(**{**chain["cold_spec"].model_dump(), "nproc": 2, "run_dir": chain["run_dir"] + "/dp"})
@@ -98,13 +122,20 @@ def test_distributed_cold_start_stage_with_two_gloo_ranks(chain):
 
 
 def test_distributed_sft_stage_with_two_gloo_ranks(tmp_path):
-    """The warm start with nproc=2: torchrun, gloo; rank 0 logs one MLflow run (every step) and stores the model."""
+    """The warm start with nproc=2: torchrun, gloo, FSDP2; rank 0 logs one MLflow run (every step) and stores the
+    model whole, loadable as the plain architecture."""
+    from transformers import AutoModelForCausalLM
+
     from components.sft import SFTSpec, run_sft
 
     spec = SFTSpec(run_dir=str(tmp_path), experiment="stages-test", backbone="tiny", suite="toolworld-compact",
                    sft={"steps": 3, "batch_size": 4, "n_demonstrations": 6, "warmup_steps": 1}, nproc=2)  # fmt: skip
     result = run_sft(spec)
     assert result.artifacts["model"].kind == "model" and result.metrics["n_demonstrations"] == 6
+    config = json.loads((Path(result.artifacts["model"].uri) / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]  # not FSDP's wrapper class
+    _, info = AutoModelForCausalLM.from_pretrained(result.artifacts["model"].uri, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("stages-test").experiment_id])
     assert [r.info.run_id for r in runs] == [result.mlflow_run_id]  # rank 1 logged nothing

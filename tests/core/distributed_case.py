@@ -1,10 +1,11 @@
 """One training run on the tiny backbone, the same code for one process and for every rank under torchrun.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 -m tests.core.distributed_case OUT_DIR
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m tests.core.distributed_case OUT_DIR [full]
 
 runs the cases of `tests/core/test_distributed.py` on every rank and writes `OUT_DIR/rank<r>.pt`. The rollout is
 deterministic in the task and its sample index (not sampled), so a one-rank run and a two-rank run see the
-same trajectories and differ only in how the step's work is split: what the equivalence test isolates.
+same trajectories and differ only in how the step's work is split: what the equivalence test isolates. `full`:
+full fine-tuning, which several ranks shard with FSDP2.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from lopd_core.backbone import load_backbone
 from lopd_core.config import LOPDConfig, ScheduleConfig
 from lopd_core.conversation import Message, Trajectory
+from lopd_core.distributed import full_tensor
 from lopd_core.envs.base import Task
 from lopd_core.models import build_models
 from lopd_core.serialization import ChatSerializer
@@ -67,32 +70,46 @@ def run_case(method: str, ckpt: Path | None = None, stop_after: int | None = Non
         for n, p in models.backbone.named_parameters():
             if ".student." in n and "lora_B" in n:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        if models.student is not models.backbone:  # full fine-tuning: the student is a copy of the backbone
+            for p in models.student.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 0.02)
     strategy, objective = build_method(models, cfg, retrieve=retrieve)
     step = TrainStep(models, ChatSerializer(tok, cfg.max_seq_len), strategy, objective, cfg)
     out = train_loop(step, TASKS, rollout, SCHEDULE, ckpt, stop_after=stop_after)
-    weights = {n: p.detach().clone() for n, p in models.backbone.named_parameters() if p.requires_grad}
-    weights.update({f"qformer.{n}": p.detach().clone() for n, p in models.composer.qformer.named_parameters()})
-    return {"history": out["history"], "generations": out["generations"], "weights": weights}
+    # whole tensors (FSDP: gathered from every rank's shard), and how much of the student this rank holds
+    weights = {n: full_tensor(p).detach().clone() for n, p in models.backbone.named_parameters() if p.requires_grad}
+    weights.update({f"qformer.{n}": full_tensor(p).detach().clone()
+                    for n, p in models.composer.qformer.named_parameters()})  # fmt: skip
+    student = models.student_parameters()
+    held = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in student)
+    if models.student is not models.backbone:
+        weights.update({f"student.{n}": full_tensor(p).detach().clone() for n, p in models.student.named_parameters()})
+    return {"history": out["history"], "generations": out["generations"], "weights": weights,
+            "student_share": held / sum(p.numel() for p in student)}  # fmt: skip
 
 
-def main(out_dir: str) -> None:
+FULL = {"student_mode": "full"}  # full fine-tuning: FSDP2 under several ranks (data_parallel=auto)
+
+
+def main(out_dir: str, mode: str = "lora") -> None:
     from lopd_core.distributed import init_distributed, shutdown_distributed
 
     torch.set_num_threads(1)
     world = init_distributed()
     out = Path(out_dir)
+    over = FULL if mode == "full" else {}
     results = {
         "world_size": world.world_size,
-        "lopd": run_case("lopd"),
-        "grpo": run_case("grpo"),
+        "lopd": run_case("lopd", **over),
+        "grpo": run_case("grpo", **over),
         # resume from a one-rank checkpoint written after step 2 (the test writes it before launching us)
-        "lopd_resumed": run_case("lopd", ckpt=out / "from-one-rank"),
+        "lopd_resumed": run_case("lopd", ckpt=out / "from-one-rank", **over),
     }
-    run_case("lopd", ckpt=out / "from-two-ranks", stop_after=2)  # the test resumes it on one rank
+    run_case("lopd", ckpt=out / "from-two-ranks", stop_after=2, **over)  # the test resumes it on one rank
     torch.save(results, out / f"rank{world.rank}.pt")
     shutdown_distributed()
 
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    main(sys.argv[1])
+    main(*sys.argv[1:])

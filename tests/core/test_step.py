@@ -158,6 +158,14 @@ def test_config_errors_name_the_field(tmp_path):
     assert LOPDConfig().n_latents == 96
 
 
+def test_data_parallel_scheme_follows_the_student_and_fsdp_refuses_a_lora_student():
+    assert not LOPDConfig().sharded  # LoRA: DDP
+    assert LOPDConfig(student_mode="full").sharded  # auto: FSDP2
+    assert not LOPDConfig(student_mode="full", data_parallel="ddp").sharded
+    with pytest.raises(ValueError, match="data_parallel=fsdp needs student_mode=full"):
+        LOPDConfig(data_parallel="fsdp")
+
+
 def _with_grad(*values: float) -> torch.nn.Parameter:
     p = torch.nn.Parameter(torch.zeros(len(values), dtype=torch.float64))
     p.grad = torch.tensor(values, dtype=torch.float64)
