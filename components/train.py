@@ -57,6 +57,9 @@ class TrainSpec(StageSpec):
     # data-parallel ranks on this node (one per GPU): > 1 runs the stage under `torchrun --nproc-per-node nproc`
     # (lopd_core.distributed); a stage already started by torchrun (a PyTorchJob pod) uses torchrun's world
     nproc: int = Field(1, ge=1)
+    # nodes of a multi-node run, each with nproc ranks: > 1 runs as a Kubeflow PyTorchJob that the stage deployment
+    # submits (flows.pytorchjob; execution.mode=deployments), or that `python -m flows.pytorchjob` renders
+    nodes: int = Field(1, ge=1)
 
     @model_validator(mode="after")
     def _needs(self) -> TrainSpec:
@@ -69,8 +72,10 @@ class TrainSpec(StageSpec):
                 "method 'sdpo' needs schedule.samples_per_task >= 2: its teacher reads a successful "
                 "sibling attempt of the same task from the group (with 1 it would see feedback only)"
             )
-        if self.schedule.tasks_per_step < self.nproc:
-            raise ValueError(f"schedule.tasks_per_step={self.schedule.tasks_per_step} is below nproc={self.nproc}: "
+        ranks = self.nproc * self.nodes
+        if self.schedule.tasks_per_step < ranks:
+            where = f"nproc={self.nproc}" if self.nodes == 1 else f"nodes x nproc = {self.nodes} x {self.nproc}"
+            raise ValueError(f"schedule.tasks_per_step={self.schedule.tasks_per_step} is below {where}: "
                              "every data-parallel rank needs at least one task per step")  # fmt: skip
         return self
 
@@ -121,6 +126,12 @@ def train(spec: TrainSpec) -> StageResult:
     from lopd_core.step import TrainStep, build_method
     from lopd_core.training import train_loop
 
+    if spec.nodes > 1 and not under_torchrun():
+        raise ValueError(
+            f"nodes={spec.nodes}: a multi-node run is a PyTorchJob; run it with execution.mode=deployments (the train "
+            "stage deployment submits it) or render it with `python -m flows.pytorchjob SPEC --nodes N "
+            "--gpus-per-node G --image IMAGE` (docs/distributed.md)"
+        )
     if spec.nproc > 1 and not under_torchrun():
         return launch_torchrun(spec, "components.train", spec.nproc)
     world = init_distributed()  # the one-rank world unless torchrun started this process

@@ -134,6 +134,13 @@ class TrainParams(Model):
         "the sft warm start and the cold start; with mode=deployments their pods request this many GPUs. More nodes: "
         "docs/distributed.md (PyTorchJob).",
     )
+    nodes: int = Field(
+        1,
+        ge=1,
+        description="Nodes of the train stage, each running nproc ranks. More than 1 needs execution.mode="
+        "deployments; the train stage's pod then submits a Kubeflow PyTorchJob (one Master, nodes - 1 Workers) and "
+        "waits for it.",
+    )
 
 
 def _default_benchmarks() -> list[BenchmarkSpec]:
@@ -298,6 +305,13 @@ class PipelineConfig(Model):
                     f"arm {arm!r} (grpo) needs train.schedule.samples_per_task >= 2 (the group size G); "
                     f'set it in overrides, e.g. overrides: {{{arm}: {{"train.schedule.samples_per_task": 8}}}}'
                 )
+        remote_train = self.execution.mode == "deployments" and "train" in self.execution.remote_stages
+        if self.train.nodes > 1 and not remote_train:
+            raise ValueError(
+                f"train.nodes={self.train.nodes} runs the train stage as a Kubeflow PyTorchJob, which only the train "
+                "stage deployment submits: set execution.mode=deployments (with train in execution.remote_stages), "
+                "or train.nodes=1 and train.nproc=N for one node"
+            )
         unknown = set(self.execution.deployments) - set(GPU_STAGES)
         if unknown:
             raise ValueError(f"execution.deployments names unknown stages {sorted(unknown)}; stages: {GPU_STAGES}")

@@ -125,6 +125,7 @@ def train_spec(
         difficulties=t.difficulties,
         threads=cfg.threads,
         nproc=t.nproc,
+        nodes=t.nodes,
     )
 
 

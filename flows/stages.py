@@ -153,9 +153,27 @@ def lopd_stage(stage: StageName, spec: dict[str, Any], cache_key: str, cache_roo
             code_version()[:12],
             cache_key[:12],
         )
-    result = execute_stage(stage, parsed, cache_root, cache_key)
+    if getattr(parsed, "nodes", 1) > 1:  # multi-node: a PyTorchJob whose rank 0 stores the result under the key
+        result = run_pytorchjob_stage(stage, parsed, cache_root, cache_key)
+    else:
+        result = execute_stage(stage, parsed, cache_root, cache_key)
     print(result.summary)
     return result.model_dump(mode="json")
+
+
+def run_pytorchjob_stage(stage: str, spec: BaseModel, cache_root: str, key: str) -> StageResult:
+    """Submit the stage as a PyTorchJob (flows.pytorchjob), wait for it, and read what its rank 0 cached."""
+    import asyncio
+
+    from flows.pytorchjob import stage_job, submit_and_wait
+
+    job = stage_job(stage, spec, cache_root, key)
+    asyncio.run(submit_and_wait(job, log=get_run_logger().info))
+    result = StageCache(cache_root).get(stage, key)
+    if result is None:
+        raise StageRunError(f"stage {stage}: PyTorchJob {job['metadata']['name']} succeeded but left no result "
+                            f"under {cache_root}")  # fmt: skip
+    return result
 
 
 # ------------------------------------------------------------------------------------------------- retries
@@ -247,8 +265,11 @@ class StageContext:
 def gpu_variables(stage: str, spec: BaseModel, variables: dict[str, Any]) -> dict[str, Any]:
     """A data-parallel stage's pod requests one GPU per rank: `gpu_count` follows the spec's `nproc` (the one
     setting in the Prefect form; torchrun in the pod starts that many ranks). A `gpu_count` job variable that
-    says otherwise is an error naming both."""
+    says otherwise is an error naming both. Multi-node (`nodes > 1`): the stage pod submits a PyTorchJob and
+    requests no GPU."""
     nproc = getattr(spec, "nproc", 1)
+    if getattr(spec, "nodes", 1) > 1:  # the pod only submits the PyTorchJob and waits: the job's pods hold the GPUs
+        return {**variables, "gpu_count": 0}
     if nproc <= 1:
         return variables
     given = variables.get("gpu_count")
@@ -354,15 +375,29 @@ def stage_options(retries: int, retry_delay_s: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m flows.stages STAGE SPEC.json RESULT.json`: run one stage's component (what subprocess mode runs)."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 3 or args[0] not in RUNNERS:
-        print(f"usage: python -m flows.stages {{{','.join(RUNNERS)}}} SPEC.json RESULT.json", file=sys.stderr)
-        return 2
-    stage, spec_file, out_file = args
-    spec = parse_spec(stage, json.loads(Path(spec_file).read_text()))
-    result = RUNNERS[stage][1](spec)
-    Path(out_file).write_text(result.model_dump_json(indent=2))
+    """`python -m flows.stages STAGE SPEC.json RESULT.json [--cache-root ROOT --cache-key KEY]`: run one stage's
+    component (what subprocess mode runs, and each rank of a PyTorchJob under torchrun). With the cache options
+    the result is also stored in the stage cache under KEY. Under torchrun only rank 0 writes either."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m flows.stages", description=main.__doc__)
+    ap.add_argument("stage", choices=list(RUNNERS))
+    ap.add_argument("spec_file", metavar="SPEC.json")
+    ap.add_argument("out_file", metavar="RESULT.json")
+    ap.add_argument("--cache-root")
+    ap.add_argument("--cache-key")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if (args.cache_root is None) != (args.cache_key is None):
+        ap.error("--cache-root and --cache-key go together")
+    spec = parse_spec(args.stage, json.loads(Path(args.spec_file).read_text()))
+    result = RUNNERS[args.stage][1](spec)
+    if int(os.environ.get("RANK", "0")) != 0:  # torchrun: the other ranks only trained
+        return 0
+    Path(args.out_file).write_text(result.model_dump_json(indent=2))
+    if args.cache_key is not None:
+        StageCache(args.cache_root).put(
+            args.stage, args.cache_key, result, result_state(args.stage, result), key_material(args.stage, spec)
+        )
     print(result.summary)
     return 0
 

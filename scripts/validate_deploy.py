@@ -50,6 +50,8 @@ COMPOSE_ENV_EXAMPLE = DOCKER_DIR / ".env.example"
 K8S_VERSIONS = ("1.30", "1.37")
 # Keys of the ConfigMap that the stage pods read (envFrom in the job template).
 SERVICE_KEYS = (
+    "LOPD_IMAGE",
+    "LOPD_RUNS_CLAIM",
     "MLFLOW_TRACKING_URI",
     "LOPD_QDRANT_URL",
     "PREFECT_API_URL",

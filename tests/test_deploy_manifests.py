@@ -323,6 +323,64 @@ def test_pytorchjob_carries_the_rendezvous_image_and_entrypoint():
         render_pytorchjob("collect", spec, 2, 8, "img")
 
 
+def test_stage_job_is_what_the_train_stage_pod_submits(monkeypatch):
+    """train.nodes > 1 under execution.mode=deployments: the stage flow renders one PyTorchJob per stage run, named
+    after its cache key, whose ranks run `flows.stages` and whose rank 0 stores the result under that key."""
+    from components.train import TrainSpec
+    from flows.pytorchjob import stage_job
+    from lopd_core.artifacts import ArtifactRef
+
+    dataset = ArtifactRef(uri="s3://lopd/ds.jsonl", kind="dataset", sha256="0" * 64)
+    spec = TrainSpec(run_dir="/runs/x", dataset=dataset, lopd={"method": "grpo"}, nproc=8, nodes=2,
+                     schedule={"samples_per_task": 2, "tasks_per_step": 16})  # fmt: skip
+    key, root = "ab" * 32, "s3://lopd-artifacts/runs/stage-cache"
+    monkeypatch.delenv("LOPD_IMAGE", raising=False)
+    with pytest.raises(ValueError, match="needs LOPD_IMAGE"):
+        stage_job("train", spec, root, key)
+    monkeypatch.setenv("LOPD_IMAGE", "registry.example.internal/lopd/lopd-platform:gpu")
+    job = stage_job("train", spec, root, key)
+    assert vd.pytorchjob_problems(job) == []
+    assert job["metadata"]["name"] == f"lopd-train-{key[:12]}" and job["metadata"]["namespace"] == "lopd"
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1 and job["spec"]["nprocPerNode"] == "8"
+    (container,) = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.example.internal/lopd/lopd-platform:gpu"
+    assert container["command"][-1].endswith(
+        f"torch.distributed.run -m flows.stages train /tmp/spec.json /tmp/result.json --cache-root {root} "
+        f"--cache-key {key}"
+    )
+    with pytest.raises(ValueError, match=r"below nodes x nproc = 2 x 8"):
+        TrainSpec(**{**spec.model_dump(), "schedule": {"samples_per_task": 2, "tasks_per_step": 8}})
+
+
+def test_job_phase_reads_the_training_operators_conditions():
+    from flows.pytorchjob import job_phase
+
+    def job(*conditions: tuple[str, str, str]) -> dict:
+        return {"status": {"conditions": [{"type": t, "status": s, "message": m} for t, s, m in conditions]}}
+
+    assert job_phase({}) == ("Pending", "")
+    assert job_phase(job(("Created", "True", "created"))) == ("Created", "created")
+    running = ("Created", "False", ""), ("Running", "True", "PyTorchJob lopd-train is running.")
+    assert job_phase(job(*running)) == ("Running", "PyTorchJob lopd-train is running.")
+    assert job_phase(job(*running, ("Restarting", "True", "a worker restarts")))[0] == "Restarting"
+    done = ("Running", "False", ""), ("Succeeded", "True", "PyTorchJob lopd-train is successfully completed.")
+    assert job_phase(job(*done))[0] == "Succeeded"
+    failed = job(("Running", "False", ""), ("Failed", "True", "PyTorchJob lopd-train has failed: OOMKilled"))
+    assert job_phase(failed) == ("Failed", "PyTorchJob lopd-train has failed: OOMKilled")
+
+
+def test_stage_pods_may_submit_pytorchjobs_and_nothing_else():
+    docs = vd.load_documents((vd.K8S_DIR / "base" / "stage-pods.yaml").read_text())
+    assert {doc["kind"] for doc in docs} == {"ServiceAccount", "Role", "RoleBinding"}
+    (role,) = [doc for doc in docs if doc["kind"] == "Role"]
+    assert role["rules"] == [{"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"],
+                              "verbs": ["get", "list", "watch", "create", "delete"]}]  # fmt: skip
+    assert _template()["variables"]["properties"]["service_account_name"]["default"] == "lopd-stage"
+    docs = vd.load_documents(vd.kustomize(vd.K8S_DIR / "overlays" / "gpu-cluster"))
+    claim = next(doc for doc in docs if doc["kind"] == "PersistentVolumeClaim")
+    assert claim["metadata"]["name"] == "lopd-runs" and claim["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
 def test_a_broken_pytorchjob_fails():
     from flows.pytorchjob import render_pytorchjob
 

@@ -108,6 +108,30 @@ def test_distributed_fsdp_train_stage_with_two_gloo_ranks(chain):
     assert [m.step for m in client.get_metric_history(t.mlflow_run_id, "loss")] == [0, 1, 2]
 
 
+def test_pytorchjob_ranks_run_the_stage_and_rank0_caches_its_result(chain, tmp_path):
+    """What every pod of a multi-node train stage's PyTorchJob runs (flows.pytorchjob): `torchrun -m flows.stages
+    train SPEC RESULT --cache-root ROOT --cache-key KEY`. Here one host with 2 gloo ranks stands for nodes=2 x
+    nproc=1: rank 0 stores the result in the stage cache, where the submitting stage flow reads it."""
+    from flows.cache import StageCache
+
+    lopd = chain["spec"].lopd.model_copy(update={"seed": 4})
+    spec = chain["spec"].model_copy(update={"nodes": 2, "nproc": 1, "lopd": lopd})
+    with pytest.raises(ValueError, match="a multi-node run is a PyTorchJob"):
+        train(spec)  # not under torchrun: only the PyTorchJob runs it
+    (tmp_path / "spec.json").write_text(spec.model_dump_json())
+    key, root = "c" * 64, str(tmp_path / "stage-cache")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "flows.stages",
+           "train", str(tmp_path / "spec.json"), str(tmp_path / "result.json"), "--cache-root", root, "--cache-key",
+           key]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = StageCache(root).get("train", key)
+    assert result is not None and result.metrics["steps"] == 2 and result.metrics["generations_total"] == 4
+    assert result.artifacts["checkpoint"].kind == "checkpoint"  # rank 0's, not a rank > 0 placeholder
+    state = json.loads((Path(chain["run_dir"]) / "train" / "lopd-seed4" / "last" / "state.json").read_text())
+    assert state["world_size"] == 2
+
+
 def test_distributed_cold_start_stage_with_two_gloo_ranks(chain):
     """The composer's cold start with nproc=2: rank 0 logs one run with every step and writes the composer."""
     spec = ColdStartSpec(**{**chain["cold_spec"].model_dump(), "nproc": 2, "run_dir": chain["run_dir"] + "/dp"})

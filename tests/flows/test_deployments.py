@@ -165,6 +165,21 @@ def test_train_nproc_sets_the_pods_gpu_request(deployments, tmp_path):
     assert gpu_variables("train", SimpleNamespace(nproc=1), {"gpu_count": 4}) == {"gpu_count": 4}
 
 
+def test_train_nodes_needs_deployments_and_its_pod_requests_no_gpu(tmp_path):
+    """train.nodes=2: the train stage's pod only submits the PyTorchJob (flows.pytorchjob) and waits, so it asks
+    for no GPU; outside execution.mode=deployments the setting is an error that says what to do."""
+    from flows.config import load_config
+    from flows.stages import gpu_variables
+
+    args = [f"run_dir={tmp_path}", "train.nproc=8", "train.nodes=2", "train.schedule.tasks_per_step=16"]
+    cfg = load_config(None, [*args, "execution.mode=deployments"])
+    spec = SimpleNamespace(nproc=8, nodes=cfg.train.nodes)
+    assert gpu_variables("train", spec, {"gpu_count": 8}) == {"gpu_count": 0}
+    with pytest.raises(ValueError, match=r"train\.nodes=2 runs the train stage as a Kubeflow PyTorchJob.*"
+                                         r"execution\.mode=deployments"):  # fmt: skip
+        load_config(None, args)
+
+
 @pytest.mark.parametrize("command", ["run", "compare", "deploy", "watch", "bank"])
 def test_cli_help(command):
     from flows.cli import app
