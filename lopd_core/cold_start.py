@@ -1,5 +1,6 @@
 """Cold-start of the composer (app. A.2, eq. 14): next-token NLL of successful trajectories under the frozen
-backbone with the latent context in its input; only the encoder LoRA and the QFormer learn.
+backbone with the latent context in its input; only the encoder LoRA and the QFormer learn (and, with
+`teacher_reader`, ours, the teacher's reader LoRA, frozen after).
 
     losses = cold_start(models, serializer, successes, retrieve, cfg, cold)   # then models.composer is phi_0
 
@@ -25,7 +26,7 @@ from lopd_core.config import ColdStartConfig, LOPDConfig
 from lopd_core.conversation import Trajectory
 from lopd_core.distributed import World, current_world, idle_loss
 from lopd_core.loss_head import token_logprobs
-from lopd_core.models import LOPDModels
+from lopd_core.models import LOPDModels, reader_parameters
 from lopd_core.serialization import ChatSerializer, TeacherContext, aligned_action_positions
 
 Retriever = Callable[[str, str], list[str]]
@@ -49,7 +50,7 @@ def latent_nll_sum(
     t_batch = serializer.collate([serializer.teacher_view(t, context) for t in batch])
     rows, _, t_pos, targets = aligned_action_positions(s_batch, t_batch)
     latents = models.composer([t.task for t in batch], retrieved)
-    hidden = models.teacher_hidden(t_batch, latents)[rows, t_pos]
+    hidden = models.teacher_hidden(t_batch, latents, models.teacher_adapter)[rows, t_pos]
     head = models.backbone.get_output_embeddings().weight
     return -token_logprobs(hidden, targets, head, cfg.head_chunk_size).sum(), int(targets.numel())
 
@@ -96,12 +97,15 @@ def cold_start(
         if t.trace and any(t.task in item and t.trace in item for item in items):
             raise ValueError(f"the retriever returned task {t.task_id!r}'s own trajectory: self-retrieval leaks")
         retrieved[t.task_id] = items
-    for p in [*models.composer.encoder_parameters(), *models.composer.qformer.parameters()]:
+    reader = reader_parameters(models.backbone)  # teacher_reader (ours): the teacher learns to read the latents
+    for p in [*models.composer.encoder_parameters(), *models.composer.qformer.parameters(), *reader]:
         p.requires_grad_(True)  # the cold-start trains the composer, whatever freeze_composer says for later
     params = [
         {"params": models.composer.encoder_parameters(), "lr": cold.lr},
         {"params": list(models.composer.qformer.parameters()), "lr": cold.lr},
     ]
+    if reader:
+        params.append({"params": reader, "lr": cold.lr})
     optimizer = torch.optim.AdamW(params, weight_decay=cold.weight_decay)
     rng = random.Random(cfg.seed)
     models.train()
@@ -114,10 +118,14 @@ def cold_start(
         world.backward(loss)
         torch.nn.utils.clip_grad_norm_(models.composer.encoder_parameters(), cold.grad_clip_lora)
         torch.nn.utils.clip_grad_norm_(models.composer.qformer.parameters(), cold.grad_clip_qformer)
+        if reader:
+            torch.nn.utils.clip_grad_norm_(reader, cold.grad_clip_lora)
         optimizer.step()
         losses.append(float(world.sum(loss.detach())))
         if on_step is not None:
             on_step(step, losses[-1])
+    for p in reader:  # the teacher's reader stays as the cold start left it
+        p.requires_grad_(False)
     models.composer.freeze_anchor()
     for i in range(0, len(records), cold.batch_size):  # c_phi0 for every retrieved set seen here
         chunk = records[i : i + cold.batch_size]

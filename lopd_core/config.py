@@ -281,6 +281,12 @@ class LOPDConfig(StrictModel):
     freeze_composer: bool = Field(
         False, description="Keep the cold-start composer fixed (fig. 3's frozen-composer ablation)."
     )
+    teacher_reader: bool = Field(
+        False,
+        description="Ours, not the paper: the cold start also trains a LoRA 'reader' on the teacher's backbone "
+        "(encoder_lora's shape), frozen in training, so that the teacher has learnt to read the latents; false = "
+        "the paper's teacher, the frozen base model.",
+    )
     dual_lr: float = Field(
         0.5, ge=0, description="eta_beta: dual step size, beta = max(0, beta + eta_beta (m - Delta)) (eq. 13)."
     )

@@ -78,6 +78,7 @@ class LatentContext(NoContext):
         self.retrieve = retrieve
         self.cfg = cfg
         self.teacher_requires_grad = not cfg.freeze_composer  # a frozen composer needs no teacher backward
+        self.teacher_adapter = "reader" if cfg.teacher_reader else None  # the cold start's reader, if any
         self.n_placeholder = 0
 
     def contexts(self, trajectories: Sequence[Trajectory]) -> list[TeacherContext | None]:

@@ -2,7 +2,8 @@
 
 LoRA student (default): one backbone in memory carrying three adapters. "student" is the policy, "encoder"
 the composer's encoder, "anchor" the frozen cold-start copy of the encoder. The teacher is that backbone
-with every adapter disabled: the frozen base model, reading the latents spliced into its input embeddings.
+with every adapter disabled: the frozen base model, reading the latents spliced into its input embeddings
+(with `teacher_reader`, ours: a fourth adapter, "reader", that the cold start trains and the teacher keeps on).
 
 Full fine-tuning: the student is a separate trainable copy; the frozen backbone (teacher + composer
 adapters) stays as it was loaded.
@@ -42,6 +43,11 @@ def splice_latents(embeds: torch.Tensor, latents: torch.Tensor, starts: torch.Te
     return torch.stack(rows)
 
 
+def reader_parameters(backbone: nn.Module) -> list[nn.Parameter]:
+    """The teacher's "reader" LoRA (`LOPDConfig.teacher_reader`); none without it."""
+    return [p for n, p in backbone.named_parameters() if ".reader." in n and "lora_" in n]
+
+
 @dataclass
 class LOPDModels:
     backbone: PreTrainedModel  # frozen base weights; carries the adapters
@@ -55,6 +61,11 @@ class LOPDModels:
     @property
     def student_adapter(self) -> str | None:
         return "student" if self.cfg.student_mode == "lora" else None
+
+    @property
+    def teacher_adapter(self) -> str | None:
+        """The latent teacher's adapter: the cold start's reader (`teacher_reader`), else none (the base model)."""
+        return "reader" if self.cfg.teacher_reader else None
 
     def student_parameters(self) -> list[nn.Parameter]:
         if self.cfg.student_mode == "lora":
@@ -128,6 +139,10 @@ def build_models(backbone: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     if cfg.student_mode == "lora":
         add_lora(backbone, "student", cfg.student_lora)
         student = backbone
+    if cfg.teacher_reader:  # trained by the cold start only (lopd_core.cold_start), frozen after
+        add_lora(backbone, "reader", cfg.encoder_lora)
+        for p in reader_parameters(backbone):
+            p.requires_grad_(False)
     switch = AdapterSwitch(backbone)
     student_switch = switch if student is backbone else AdapterSwitch(student)
     composer = Composer(backbone, tokenizer, switch, cfg).to(backbone.device)

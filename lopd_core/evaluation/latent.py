@@ -130,7 +130,7 @@ class LatentRollout(RolloutEngine):
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         sampled: list[list[int]] = [[] for _ in range(n)]
         done: list[tuple[list[int], bool] | None] = [None] * n
-        with self.models.switch.use(None):  # the teacher: every adapter off
+        with self.models.switch.use(self.models.teacher_adapter):  # the teacher: adapters off (or its reader)
             embeds = splice_latents(model.get_input_embeddings()(ids), latents.to(device), starts)
             out = model(inputs_embeds=embeds, attention_mask=attention, position_ids=positions, use_cache=True)
             next_pos = positions[:, -1]

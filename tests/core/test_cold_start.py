@@ -39,6 +39,41 @@ def test_cold_start_lowers_nll_trains_only_the_composer_and_fills_the_anchor_cac
         assert torch.allclose(models.composer(tasks, sets), models.composer.anchor_latents(tasks, sets), atol=1e-5)
 
 
+def test_teacher_reader_is_trained_by_the_cold_start_and_frozen_in_training(tiny):
+    """teacher_reader (ours): the cold start trains a "reader" LoRA on the teacher's backbone with the composer;
+    the latent teacher runs with it on; a training step leaves it as the cold start left it."""
+    from lopd_core.models import reader_parameters
+    from lopd_core.step import TrainStep, build_method
+
+    model, tok = tiny
+    cfg = CFG.model_copy(update={"teacher_reader": True})
+    models = build_models(model, tok, cfg)
+    reader = reader_parameters(models.backbone)
+    assert reader and not any(p.requires_grad for p in reader)
+    assert not reader_parameters(build_models(*_fresh_tiny(), CFG).backbone)  # off by default: the paper's teacher
+    ser = ChatSerializer(tok)
+    successes = make_batch((1.0, 1.0, 1.0))
+    for t in successes:
+        t.trace = f"ls(/f{t.task_id}) -> a.txt b.txt"
+    before = [p.clone() for p in reader]
+    cold_start(models, ser, successes, retrieve, cfg, ColdStartConfig(steps=4, batch_size=3, lr=3e-3))
+    trained = [p.clone() for p in reader]
+    assert any(not torch.equal(a, b) for a, b in zip(before, trained, strict=True))  # lora_B leaves zero
+    assert not any(p.requires_grad for p in reader)
+    strategy, objective = build_method(models, cfg, retrieve=retrieve)
+    assert strategy.teacher_adapter == "reader" and models.teacher_adapter == "reader"
+    step = TrainStep(models, ser, strategy, objective, cfg)
+    out = step(make_batch((1.0, 0.0, 1.0)))
+    assert out["updated"] == 1.0 and out["grad_norm_composer"] > 0  # the composer learns through the teacher
+    assert all(torch.equal(a, b) for a, b in zip(trained, reader, strict=True))
+
+
+def _fresh_tiny():
+    from lopd_core.backbone import load_backbone
+
+    return load_backbone("tiny")
+
+
 def test_cold_start_refuses_self_retrieval_and_empty_input(tiny):
     model, tok = tiny
     models = build_models(model, tok, CFG)
