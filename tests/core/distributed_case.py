@@ -88,7 +88,8 @@ def run_case(method: str, ckpt: Path | None = None, stop_after: int | None = Non
             "student_share": held / sum(p.numel() for p in student)}  # fmt: skip
 
 
-FULL = {"student_mode": "full"}  # full fine-tuning: FSDP2 under several ranks (data_parallel=auto)
+FULL = {"student_mode": "full", "gradient_checkpointing": True}  # FSDP2 under several ranks (data_parallel=auto), with
+# activation checkpointing of the FSDP units (the recompute runs inside their backward)
 
 
 def main(out_dir: str, mode: str = "lora") -> None:
