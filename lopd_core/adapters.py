@@ -56,6 +56,11 @@ def copy_adapter(model: nn.Module, source: str, target: str) -> None:
                 params[n.replace(f".{source}.", f".{target}.")].copy_(p)
 
 
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of a causal LM: what checkpointing recomputes and FSDP shards, one unit each."""
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
 class AdapterSwitch:
     """Selects the live LoRA adapter of a backbone (`None` = the plain backbone, every adapter disabled)."""
 
@@ -88,19 +93,16 @@ class AdapterSwitch:
 
     def enable_checkpointing(self) -> None:
         """Checkpoint every decoder layer, replaying the adapter state it ran forward with."""
-        n = 0
-        for module in self.model.modules():
-            if isinstance(module, GradientCheckpointingLayer):
-                module.gradient_checkpointing = True
-                module._gradient_checkpointing_func = self._checkpoint
-                n += 1
-        if n == 0:
+        layers = decoder_layers(self.model)
+        if not layers:
             raise ValueError("the model has no checkpointable decoder layers")
+        for module in layers:
+            module.gradient_checkpointing = True
+            module._gradient_checkpointing_func = self._checkpoint
 
     def disable_checkpointing(self) -> None:
-        for module in self.model.modules():
-            if isinstance(module, GradientCheckpointingLayer):
-                module.gradient_checkpointing = False
+        for module in decoder_layers(self.model):
+            module.gradient_checkpointing = False
 
     def _checkpoint(self, forward: Callable[..., Any], *args: Any) -> Any:
         captured = self.state

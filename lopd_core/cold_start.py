@@ -26,7 +26,7 @@ from lopd_core.config import ColdStartConfig, LOPDConfig
 from lopd_core.conversation import Trajectory
 from lopd_core.distributed import World, current_world, idle_loss
 from lopd_core.loss_head import token_logprobs
-from lopd_core.models import LOPDModels, reader_parameters
+from lopd_core.models import LOPDModels
 from lopd_core.serialization import ChatSerializer, TeacherContext, aligned_action_positions
 
 Retriever = Callable[[str, str], list[str]]
@@ -97,7 +97,7 @@ def cold_start(
         if t.trace and any(t.task in item and t.trace in item for item in items):
             raise ValueError(f"the retriever returned task {t.task_id!r}'s own trajectory: self-retrieval leaks")
         retrieved[t.task_id] = items
-    reader = reader_parameters(models.backbone)  # teacher_reader (ours): the teacher learns to read the latents
+    reader = models.reader_parameters()  # teacher_reader (ours): the teacher learns to read the latents
     for p in [*models.composer.encoder_parameters(), *models.composer.qformer.parameters(), *reader]:
         p.requires_grad_(True)  # the cold-start trains the composer, whatever freeze_composer says for later
     params = [

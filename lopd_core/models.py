@@ -19,17 +19,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from transformers.modeling_layers import GradientCheckpointingLayer
 
-from lopd_core.adapters import AdapterSwitch, add_lora
+from lopd_core.adapters import AdapterSwitch, adapter_parameters, add_lora
 from lopd_core.composer import Composer, attach_composer_adapters
 from lopd_core.config import LOPDConfig
 from lopd_core.serialization import TokenBatch
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The decoder layers of a causal LM (the units that FSDP shards and checkpointing recomputes)."""
-    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
 def splice_latents(embeds: torch.Tensor, latents: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
@@ -41,11 +35,6 @@ def splice_latents(embeds: torch.Tensor, latents: torch.Tensor, starts: torch.Te
             raise ValueError(f"row {b}: latent span [{start}, {start + n}) outside the sequence of {embeds.shape[1]}")
         rows.append(torch.cat([embeds[b, :start], latents[b].to(embeds.dtype), embeds[b, start + n :]]))
     return torch.stack(rows)
-
-
-def reader_parameters(backbone: nn.Module) -> list[nn.Parameter]:
-    """The teacher's "reader" LoRA (`LOPDConfig.teacher_reader`); none without it."""
-    return [p for n, p in backbone.named_parameters() if ".reader." in n and "lora_" in n]
 
 
 @dataclass
@@ -71,6 +60,10 @@ class LOPDModels:
         if self.cfg.student_mode == "lora":
             return [p for n, p in self.backbone.named_parameters() if ".student." in n and "lora_" in n]
         return [p for p in self.student.parameters() if p.requires_grad]
+
+    def reader_parameters(self) -> list[nn.Parameter]:
+        """The teacher's "reader" LoRA (`teacher_reader`, trained by the cold start only); none without it."""
+        return adapter_parameters(self.backbone, "reader") if self.cfg.teacher_reader else []
 
     def composer_parameters(self) -> list[nn.Parameter]:
         """The composer's trainable parameters (none with `freeze_composer`)."""
@@ -141,7 +134,7 @@ def build_models(backbone: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
         student = backbone
     if cfg.teacher_reader:  # trained by the cold start only (lopd_core.cold_start), frozen after
         add_lora(backbone, "reader", cfg.encoder_lora)
-        for p in reader_parameters(backbone):
+        for p in adapter_parameters(backbone, "reader"):
             p.requires_grad_(False)
     switch = AdapterSwitch(backbone)
     student_switch = switch if student is backbone else AdapterSwitch(student)

@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from lopd_core.adapters import decoder_layers
 from lopd_core.config import SFTConfig
 from lopd_core.conversation import Message, Trajectory
 from lopd_core.distributed import World, current_world, idle_loss, is_sharded, scalar
@@ -34,7 +35,6 @@ from lopd_core.envs.base import Suite, Task
 from lopd_core.evaluation.harness import ScriptedPolicy
 from lopd_core.loss_head import token_logprobs
 from lopd_core.methods import privileged_text, solution_text
-from lopd_core.models import decoder_layers
 from lopd_core.serialization import ChatSerializer
 
 

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch import nn
 
+from lopd_core.adapters import decoder_layers
 from lopd_core.batch import DistillBatch, TeacherInputs
 from lopd_core.config import LOPDConfig
 from lopd_core.conversation import Trajectory
@@ -40,7 +41,7 @@ from lopd_core.methods import (  # re-exported: the step's public vocabulary
     Retriever,
     build_method,
 )
-from lopd_core.models import LOPDModels, decoder_layers
+from lopd_core.models import LOPDModels
 from lopd_core.serialization import ChatSerializer, TokenBatch, aligned_action_positions
 
 __all__ = [

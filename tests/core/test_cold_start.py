@@ -42,15 +42,14 @@ def test_cold_start_lowers_nll_trains_only_the_composer_and_fills_the_anchor_cac
 def test_teacher_reader_is_trained_by_the_cold_start_and_frozen_in_training(tiny):
     """teacher_reader (ours): the cold start trains a "reader" LoRA on the teacher's backbone with the composer;
     the latent teacher runs with it on; a training step leaves it as the cold start left it."""
-    from lopd_core.models import reader_parameters
     from lopd_core.step import TrainStep, build_method
 
     model, tok = tiny
     cfg = CFG.model_copy(update={"teacher_reader": True})
     models = build_models(model, tok, cfg)
-    reader = reader_parameters(models.backbone)
+    reader = models.reader_parameters()
     assert reader and not any(p.requires_grad for p in reader)
-    assert not reader_parameters(build_models(*_fresh_tiny(), CFG).backbone)  # off by default: the paper's teacher
+    assert not build_models(*_fresh_tiny(), CFG).reader_parameters()  # off by default: the paper's teacher
     ser = ChatSerializer(tok)
     successes = make_batch((1.0, 1.0, 1.0))
     for t in successes:
