@@ -75,13 +75,18 @@ SCRATCH: dict[str, TinySpec] = {
         vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=4, max_position_embeddings=2048, corpus="toolworld",
     ),
+    # the same tokenizer and depth, twice the width (3.7M parameters): the study's capacity probe (docs/study.md)
+    "toolworld-4m": TinySpec(
+        vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=8, max_position_embeddings=2048, corpus="toolworld",
+    ),
 }  # fmt: skip
 
 
 def load_backbone(
     name: str, dtype: torch.dtype = torch.float32, tiny: TinySpec | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Load `name` = "tiny" | "toolworld-1m" | "smollm2-135m" | a local HF folder | a hub id.
+    """Load `name` = "tiny" | "toolworld-1m" | "toolworld-4m" | "smollm2-135m" | a local HF folder | a hub id.
     Returns (model in eval mode, tokenizer)."""
     if name in SCRATCH:
         model, tok = build_tiny(tiny or SCRATCH[name])

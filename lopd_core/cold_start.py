@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from lopd_core.config import ColdStartConfig, LOPDConfig
-from lopd_core.conversation import Trajectory
+from lopd_core.conversation import Trajectory, experience_document
 from lopd_core.distributed import World, current_world, idle_loss
 from lopd_core.loss_head import token_logprobs
 from lopd_core.models import LOPDModels
@@ -92,9 +92,9 @@ def cold_start(
     retrieved = {}
     for t in records:
         items = retrieve(t.task, t.task_id)[: cfg.n_retrieved]
-        # Its own entry holds its task and its trace; another task's trace may contain this one's (a longer task
-        # on the same ids), so the trace alone does not identify it.
-        if t.trace and any(t.task in item and t.trace in item for item in items):
+        # Its own entry is exactly its document: a longer task on the same ids contains this one's task text and
+        # trace ("2. Set thermostat_1 to 24 degrees." after another call), so containment does not identify it.
+        if any(item == experience_document(t.task, t.trace) for item in items):
             raise ValueError(f"the retriever returned task {t.task_id!r}'s own trajectory: self-retrieval leaks")
         retrieved[t.task_id] = items
     reader = models.reader_parameters()  # teacher_reader (ours): the teacher learns to read the latents

@@ -47,6 +47,11 @@ _FIELD_TYPES: tuple[tuple[str, Any, str], ...] = (
 )  # fmt: skip
 
 
+def experience_document(task: str, trace: str) -> str:
+    """A successful trajectory as the experience bank embeds it and returns it to the composer (an m_j)."""
+    return f"Task: {task}\nTrace:\n{trace}"
+
+
 @dataclass
 class Trajectory:
     """One episode: the conversation, the outcome reward r in [0, 1] and bookkeeping for metrics."""

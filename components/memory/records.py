@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from lopd_core.conversation import Message, Trajectory
+from lopd_core.conversation import Message, Trajectory, experience_document
 
 if TYPE_CHECKING:
     pass
@@ -77,7 +77,7 @@ class Experience:
     @property
     def document(self) -> str:
         """The text that is embedded and handed to the composer as a retrieved item."""
-        return f"Task: {self.task}\nTrace:\n{self.trace}"
+        return experience_document(self.task, self.trace)
 
     @property
     def context(self) -> tuple[str, str]:

@@ -32,7 +32,7 @@ from components.memory import (
 )
 from components.memory.backends import edge_available
 from lopd_core.artifacts import sha256_path
-from lopd_core.conversation import Message, Trajectory
+from lopd_core.conversation import Message, Trajectory, experience_document
 
 SERVER_URL = os.environ.get("LOPD_QDRANT_URL", "")
 NO_SERVER = (
@@ -297,6 +297,7 @@ def test_retriever_callable_returns_documents(banks):
     assert len(docs) == 2 and all(d.startswith("Task: Book a flight") for d in docs)
     found = retrieve.experiences(FLIGHTS[0][1], "own")
     assert [e.document for e in found] == docs
+    assert docs[0] == experience_document(found[0].task, found[0].trace)  # what the cold start's leak guard compares
     assert found[0].context == (found[0].task, found[0].trace)
     assert found[0].trace.startswith("act(") and found[0].score is not None
     with pytest.raises(ValueError, match="task_id"):

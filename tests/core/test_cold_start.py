@@ -5,6 +5,7 @@ import torch
 
 from lopd_core.cold_start import cold_start, latent_nll
 from lopd_core.config import ColdStartConfig, LOPDConfig
+from lopd_core.conversation import experience_document
 from lopd_core.models import build_models
 from lopd_core.serialization import ChatSerializer
 from tests.core.test_step import make_batch
@@ -79,11 +80,14 @@ def test_cold_start_refuses_self_retrieval_and_empty_input(tiny):
     ser = ChatSerializer(tok)
     successes = make_batch((1.0,))
     successes[0].trace = "ls(/f0) -> a.txt"
-    own = f"Task: {successes[0].task}\nTrace: ls(/f0) -> a.txt"
+    own = experience_document(successes[0].task, "ls(/f0) -> a.txt")  # as the bank returns it
     with pytest.raises(ValueError, match="own trajectory"):
         cold_start(models, ser, successes, lambda t, i: [own], CFG, ColdStartConfig())
-    # another task whose trace contains this one's is not its own entry
-    other = "Task: list /f0 and /f1\nTrace: ls(/f0) -> a.txt\nls(/f1) -> b.txt"
-    cold_start(models, ser, successes, lambda t, i: [other], CFG, ColdStartConfig(steps=1))
+    # another task whose trace contains this one's is not its own entry, nor is one whose task text also contains
+    # this one's (toolworld: "Do the following: 1. ... 2. <this task>" on the same ids)
+    other = "Task: list /f0 and /f1\nTrace:\nls(/f0) -> a.txt\nls(/f1) -> b.txt"
+    longer = f"Task: Do the following:\n1. list /f1\n2. {successes[0].task}\nTrace:\nls(/f1) -> b.txt\nls(/f0) -> a.txt"
+    assert successes[0].task in longer and successes[0].trace in longer
+    cold_start(models, ser, successes, lambda t, i: [other, longer], CFG, ColdStartConfig(steps=1))
     with pytest.raises(ValueError, match="successful"):
         cold_start(models, ser, make_batch((0.0,)), retrieve, CFG, ColdStartConfig())

@@ -89,6 +89,16 @@ def test_study_tokenizer_copies_ids_exactly():
         assert tok.decode(tok(text)["input_ids"]) == text
 
 
+def test_capacity_probe_student_shares_the_study_tokenizer():
+    small, tok_small = load_backbone("toolworld-1m")
+    wide, tok_wide = load_backbone("toolworld-4m")
+    assert tok_wide.get_vocab() == tok_small.get_vocab()  # only the width differs: same tokens, same prompts
+    assert wide.config.hidden_size == 2 * small.config.hidden_size
+    assert wide.config.num_hidden_layers == small.config.num_hidden_layers
+    assert wide.config.hidden_size // wide.config.num_attention_heads == 32  # vLLM's CPU kernels need 32
+    assert 3.5e6 < sum(p.numel() for p in wide.parameters()) < 4e6
+
+
 def test_lr_schedule_hand_checked():
     cfg = SFTConfig(steps=110, lr=1e-3, warmup_steps=10, min_lr_ratio=0.1)
     assert lr_at(0, cfg) == pytest.approx(1e-4) and lr_at(9, cfg) == pytest.approx(1e-3)
