@@ -79,6 +79,15 @@ class TrainSpec(StageSpec):
                              "every data-parallel rank needs at least one task per step")  # fmt: skip
         return self
 
+    def method_config(self) -> LOPDConfig:
+        """`lopd` with GRPO's `baseline.policy_temperature` resolved: null = the rollouts' temperature (1.0 when
+        they are greedy), so the policy gradient is that of the policy that sampled."""
+        if self.lopd.baseline.policy_temperature is not None:
+            return self.lopd
+        temperature = self.rollout.temperature if self.rollout.temperature > 0 else 1.0
+        baseline = self.lopd.baseline.model_copy(update={"policy_temperature": temperature})
+        return self.lopd.model_copy(update={"baseline": baseline})
+
 
 def _tasks(spec: TrainSpec, suite) -> list:  # type: ignore[no-untyped-def]
     import random
@@ -137,7 +146,7 @@ def train(spec: TrainSpec) -> StageResult:
     world = init_distributed()  # the one-rank world unless torchrun started this process
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.lopd.seed)
-    cfg = spec.lopd
+    cfg = spec.method_config()
     store = spec.store()
     suite = open_suite(spec.suite, spec.validation_fraction)
     tasks = _tasks(spec, suite)

@@ -155,6 +155,13 @@ class BaselineConfig(StrictModel):
         0.0, ge=0, description="GRPO's k3 KL to the reference policy (DeepSeekMath used 0.04); 0 = none."
     )
     ppo_epochs: int = Field(1, ge=1, description="GRPO updates per batch (the clip is active from the second).")
+    policy_temperature: float | None = Field(
+        None,
+        gt=0,
+        description="GRPO's log-probs (ratio, policy gradient, KL) from logits / this temperature, so that the "
+        "gradient is the sampling policy's (as TRL and verl do); null = the training rollouts' temperature (1.0 when "
+        "they are greedy); 1.0 = the raw logits.",
+    )
     teacher_sync: Literal["default", "frozen", "ema"] = Field(
         "default", description="Self-distillation teacher: default = the method's own (lopd_core.methods), frozen, ema."
     )

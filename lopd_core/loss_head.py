@@ -48,9 +48,10 @@ def _chunk(
     top_m: int,
     support: str,
     tail_floor: float | None,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    logits_s = _at_least_fp32(h_s @ w_s.T)
-    logits_t = _at_least_fp32(h_t @ w_t.T)
+    logits_s = _at_least_fp32(h_s @ w_s.T) / temperature
+    logits_t = _at_least_fp32(h_t @ w_t.T) / temperature
     source = logits_t if support == "teacher" else logits_s
     ids = source.detach().topk(min(top_m, source.shape[-1]), dim=-1).indices
     buckets_t = topm_bucket_logprobs(logits_t, ids, tail_floor)
@@ -72,17 +73,21 @@ def distill_head(
     support: str = "teacher",
     chunk_size: int = 1024,
     tail_floor: float | None = None,
+    temperature: float = 1.0,
 ) -> HeadOutputs:
     """Per-token KL, log pT(a), log pS(a) and top-M mass for N aligned positions.
 
     h_student, h_teacher [N, d] are the final hidden states that predict `targets` [N]; w_student, w_teacher
     [V, d] are the lm-head weights (the same tensor when the student is a LoRA over the teacher's backbone).
+    Every distribution is softmax(logits / temperature) (1.0: the models' own; GRPO: the sampling temperature).
     """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     if support not in ("teacher", "student"):
         raise ValueError(f"support must be 'teacher' or 'student', got {support!r}")
     if h_student.shape != h_teacher.shape or h_student.shape[0] != targets.shape[0]:
         raise ValueError(f"shape mismatch: {tuple(h_student.shape)}, {tuple(h_teacher.shape)}, {tuple(targets.shape)}")
-    fn = partial(_chunk, top_m=top_m, support=support, tail_floor=tail_floor)
+    fn = partial(_chunk, top_m=top_m, support=support, tail_floor=tail_floor, temperature=temperature)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (h_student, h_teacher, w_student, w_teacher))
     parts = []
     for start in range(0, targets.shape[0], chunk_size):
@@ -96,16 +101,21 @@ def distill_head(
     return HeadOutputs(student_logp=student_logp, kl=kl, teacher_logp=teacher_logp, teacher_topm_mass=mass)
 
 
-def _logp_chunk(h: torch.Tensor, targets: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    logits = _at_least_fp32(h @ w.T)
+def _logp_chunk(h: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    logits = _at_least_fp32(h @ w.T) / temperature
     return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
 
 
-def token_logprobs(h: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
-    """log p(targets) [N] from hidden states [N, d] and an lm-head weight [V, d], chunked like `distill_head`."""
+def token_logprobs(
+    h: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, chunk_size: int = 1024, temperature: float = 1.0
+) -> torch.Tensor:
+    """log p(targets) [N] from hidden states [N, d] and an lm-head weight [V, d], chunked like `distill_head`;
+    p = softmax(logits / temperature)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     needs_grad = torch.is_grad_enabled() and (h.requires_grad or w.requires_grad)
     parts = []
     for start in range(0, targets.shape[0], chunk_size):
-        args = (h[start : start + chunk_size], targets[start : start + chunk_size], w)
+        args = (h[start : start + chunk_size], targets[start : start + chunk_size], w, temperature)
         parts.append(checkpoint(_logp_chunk, *args, use_reentrant=False) if needs_grad else _logp_chunk(*args))
     return torch.cat(parts) if parts else h.new_zeros(0, dtype=torch.float32)

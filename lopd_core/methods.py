@@ -248,6 +248,7 @@ class DistillObjective:
 
     needs_teacher = True
     epochs = 1
+    temperature = 1.0  # the loss head's softmax(logits / temperature): the models' own distributions
 
     def __init__(self, cfg: LOPDConfig) -> None:
         self.cfg = cfg
@@ -322,12 +323,15 @@ class GRPOObjective(DistillObjective):
     sequence then over sequences (the paper's normalisation; `loss_normalization="token"` gives the token
     mean). rho = p / p_old with p_old the policy that sampled; with ppo_epochs = 1 it is exactly 1 (the clip
     acts from the second epoch). The reference for the KL is the base model (adapters off, no context).
+    p is softmax(logits / T) with T = `baseline.policy_temperature`, the temperature the rollouts were sampled at,
+    so that the gradient is that of the policy that sampled them (TRL's and verl's GRPO divide the logits too).
     """
 
     def __init__(self, cfg: LOPDConfig) -> None:
         super().__init__(cfg)
         self.needs_teacher = cfg.baseline.kl_coef > 0
         self.epochs = cfg.baseline.ppo_epochs
+        self.temperature = cfg.baseline.policy_temperature or 1.0
 
     def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
         b = self.cfg.baseline

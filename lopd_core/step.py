@@ -275,10 +275,11 @@ class TrainStep:
                                          totals.get("n_tokens_global"), totals.get("n_records_global"))  # fmt: skip
             head = distill_head(
                 h_student, h_teacher, targets, w_student, w_teacher, self.cfg.top_m, self.cfg.kl_support,
-                self.cfg.head_chunk_size, self.cfg.tail_floor,
+                self.cfg.head_chunk_size, self.cfg.tail_floor, self.objective.temperature,
             )  # fmt: skip
         else:
-            head = HeadOutputs(student_logp=token_logprobs(h_student, targets, w_student, self.cfg.head_chunk_size))
+            logp = token_logprobs(h_student, targets, w_student, self.cfg.head_chunk_size, self.objective.temperature)
+            head = HeadOutputs(student_logp=logp)
         old_logp = head.student_logp.detach() if old_logp is None else old_logp
         batch = DistillBatch(rows, len(trajs), rewards, groups, teacher_inputs, old_logp, **totals)
         loss, stats = self.objective.loss(head, batch)

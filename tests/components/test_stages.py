@@ -319,3 +319,20 @@ def test_artifact_fields_take_a_result_a_run_directory_or_the_artifact_itself(ch
     shown = subprocess.run([sys.executable, "-m", "components.bank", f"dataset={result_file}", "--print-spec"],
                            capture_output=True, text=True)  # fmt: skip
     assert shown.returncode == 0 and ref.sha256 in shown.stdout, shown.stderr
+
+
+def test_grpo_policy_temperature_defaults_to_the_rollouts():
+    from lopd_core.artifacts import ArtifactRef
+    from lopd_core.config import LOPDConfig, RolloutConfig, ScheduleConfig
+    from lopd_core.methods import GRPOObjective
+
+    grpo = LOPDConfig(method="grpo")
+    spec = TrainSpec(dataset=ArtifactRef(uri="file:///d", kind="dataset", sha256="0" * 64), lopd=grpo,
+                     schedule=ScheduleConfig(samples_per_task=4), rollout=RolloutConfig(temperature=0.7))  # fmt: skip
+    assert spec.lopd.baseline.policy_temperature is None  # the spec (and its cache key) keeps what was asked
+    assert spec.method_config().baseline.policy_temperature == 0.7
+    assert GRPOObjective(spec.method_config()).temperature == 0.7
+    greedy = spec.model_copy(update={"rollout": RolloutConfig(temperature=0.0)})
+    assert greedy.method_config().baseline.policy_temperature == 1.0  # greedy rollouts: the raw logits
+    fixed = grpo.model_copy(update={"baseline": grpo.baseline.model_copy(update={"policy_temperature": 1.3})})
+    assert spec.model_copy(update={"lopd": fixed}).method_config().baseline.policy_temperature == 1.3

@@ -47,6 +47,32 @@ def test_head_matches_logits_level_functions(chunk, support, top_m):
     assert g_s is None or g_s.abs().max() == 0
 
 
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_head_at_a_temperature_is_the_head_of_the_scaled_logits(temperature):
+    """GRPO's head: every distribution is softmax(logits / T), values and gradients (full vocabulary, float64)."""
+    h_s, h_t, w_s, w_t, targets = case(11)
+    head = distill_head(h_s, h_t, targets, w_s, w_t, top_m=5, chunk_size=7, temperature=temperature)
+    ls, lt = (h_s @ w_s.T) / temperature, (h_t @ w_t.T) / temperature
+    pick = targets[:, None]
+    ref_s, ref_t = ls.log_softmax(-1).gather(-1, pick).squeeze(-1), lt.log_softmax(-1).gather(-1, pick).squeeze(-1)
+    mask = torch.ones(1, targets.numel(), dtype=torch.float64)
+    ref_kl = L.topm_tail_reverse_kl(ls[None], lt[None], mask, 5, "teacher")
+    assert torch.allclose(head.student_logp, ref_s, atol=1e-12) and torch.allclose(head.teacher_logp, ref_t, atol=1e-12)
+    assert torch.allclose(head.kl.mean(), ref_kl, atol=1e-12)
+    adv = torch.linspace(-1, 1, targets.numel(), dtype=torch.float64)
+    got, ref = (adv * head.student_logp).sum() + head.teacher_logp.sum(), (adv * ref_s).sum() + ref_t.sum()
+    params = (h_s, h_t, w_s, w_t)
+    for a, b in zip(torch.autograd.grad(got, params), torch.autograd.grad(ref, params, retain_graph=True), strict=True):
+        assert torch.allclose(a, b, atol=1e-12)
+    logp = token_logprobs(h_s, targets, w_s, chunk_size=4, temperature=temperature)
+    assert torch.allclose(logp, ref_s, atol=1e-12)
+    assert torch.allclose(torch.autograd.grad(logp.sum(), h_s)[0], torch.autograd.grad(ref_s.sum(), h_s)[0], atol=1e-12)
+    # T = 1 is the plain head; T <= 0 is refused
+    assert torch.equal(token_logprobs(h_s, targets, w_s, temperature=1.0), token_logprobs(h_s, targets, w_s))
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(h_s, targets, w_s, temperature=0.0)
+
+
 def test_token_logprobs_head():
     h_s, _, w_s, _, targets = case(3)
     got = token_logprobs(h_s, targets, w_s, chunk_size=4)

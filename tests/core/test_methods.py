@@ -140,6 +140,28 @@ def test_grpo_takes_a_step_without_a_teacher_unless_kl(tiny, kl_coef):
     assert ("kl_ref" in out) == (kl_coef > 0) and ("teacher_topm_mass" in out) == (kl_coef > 0)
 
 
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_grpo_scores_tokens_under_the_policy_that_sampled_them(tiny, temperature):
+    """The step's GRPO log-probs are log softmax(logits / T)[a] of the student (T = the sampling temperature),
+    computed here by a plain forward of each conversation alone (no padding, no chunked head)."""
+    step = make(tiny, "grpo", baseline=CFG.baseline.model_copy(update={"policy_temperature": temperature}))
+    assert step.objective.temperature == temperature
+    batch = make_batch((1.0, 0.0, 1.0)) + make_batch((0.0, 0.0, 1.0))
+    expected = []
+    with torch.no_grad(), step.models.acting_student() as student:
+        for traj in batch:
+            view = step.serializer.student_view(traj)
+            logits = student(input_ids=torch.tensor([view.input_ids])).logits[0].double() / temperature
+            for pos, supervised in enumerate(view.action_mask):
+                if supervised:
+                    expected.append(logits[pos - 1].log_softmax(-1)[view.input_ids[pos]])
+    seen = []
+    loss = step.objective.loss
+    step.objective.loss = lambda head, b: (seen.append(head.student_logp.detach()), loss(head, b))[1]
+    step(batch)
+    assert torch.allclose(seen[0].double(), torch.stack(expected), atol=1e-5)
+
+
 def test_build_method_names_missing_inputs(tiny):
     model, tok = tiny
     cfg = CFG.model_copy(update={"method": "opsd"})
