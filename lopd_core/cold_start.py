@@ -94,7 +94,7 @@ def cold_start(
         items = retrieve(t.task, t.task_id)[: cfg.n_retrieved]
         # Its own entry is exactly its document: a longer task on the same ids contains this one's task text and
         # trace ("2. Set thermostat_1 to 24 degrees." after another call), so containment does not identify it.
-        if any(item == experience_document(t.task, t.trace) for item in items):
+        if experience_document(t.task, t.trace) in items:
             raise ValueError(f"the retriever returned task {t.task_id!r}'s own trajectory: self-retrieval leaks")
         retrieved[t.task_id] = items
     reader = models.reader_parameters()  # teacher_reader (ours): the teacher learns to read the latents

@@ -50,8 +50,9 @@ def _chunk(
     tail_floor: float | None,
     temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    logits_s = _at_least_fp32(h_s @ w_s.T) / temperature
-    logits_t = _at_least_fp32(h_t @ w_t.T) / temperature
+    logits_s, logits_t = _at_least_fp32(h_s @ w_s.T), _at_least_fp32(h_t @ w_t.T)
+    if temperature != 1.0:  # GRPO at its sampling temperature; the distillation methods skip a pass over [N, V]
+        logits_s, logits_t = logits_s / temperature, logits_t / temperature
     source = logits_t if support == "teacher" else logits_s
     ids = source.detach().topk(min(top_m, source.shape[-1]), dim=-1).indices
     buckets_t = topm_bucket_logprobs(logits_t, ids, tail_floor)
@@ -102,7 +103,9 @@ def distill_head(
 
 
 def _logp_chunk(h: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    logits = _at_least_fp32(h @ w.T) / temperature
+    logits = _at_least_fp32(h @ w.T)
+    if temperature != 1.0:
+        logits = logits / temperature
     return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
 
 

@@ -31,6 +31,7 @@ from lopd_core.config import LOPDConfig
 from lopd_core.conversation import Trajectory
 from lopd_core.loss_head import HeadOutputs
 from lopd_core.losses import anchor_penalty, dual_step, lagrangian
+from lopd_core.models import latent_teacher_adapter
 from lopd_core.serialization import TeacherContext
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class LatentContext(NoContext):
         self.retrieve = retrieve
         self.cfg = cfg
         self.teacher_requires_grad = not cfg.freeze_composer  # a frozen composer needs no teacher backward
-        self.teacher_adapter = "reader" if cfg.teacher_reader else None  # the cold start's reader, if any
+        self.teacher_adapter = latent_teacher_adapter(cfg)  # the cold start's reader, if any
         self.n_placeholder = 0
 
     def contexts(self, trajectories: Sequence[Trajectory]) -> list[TeacherContext | None]:

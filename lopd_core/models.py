@@ -26,6 +26,11 @@ from lopd_core.config import LOPDConfig
 from lopd_core.serialization import TokenBatch
 
 
+def latent_teacher_adapter(cfg: LOPDConfig) -> str | None:
+    """The latent teacher's adapter: the cold start's reader (`teacher_reader`), else none (the base model)."""
+    return "reader" if cfg.teacher_reader else None
+
+
 def splice_latents(embeds: torch.Tensor, latents: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     """Replace each row's placeholder span [start, start + n) of input embeddings by its latents (torch.cat)."""
     n = latents.shape[1]
@@ -53,8 +58,7 @@ class LOPDModels:
 
     @property
     def teacher_adapter(self) -> str | None:
-        """The latent teacher's adapter: the cold start's reader (`teacher_reader`), else none (the base model)."""
-        return "reader" if self.cfg.teacher_reader else None
+        return latent_teacher_adapter(self.cfg)
 
     def student_parameters(self) -> list[nn.Parameter]:
         if self.cfg.student_mode == "lora":
