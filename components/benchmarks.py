@@ -15,7 +15,7 @@ from typing import Any
 
 from components.artifacts import ArtifactStore
 from components.common import open_suite
-from components.evaluate import DEFAULT_LIMITS, BenchmarkSpec, EvaluateSpec
+from components.evaluate import DEFAULT_LIMITS, TEXT_TEACHERS, BenchmarkSpec, EvaluateSpec
 from lopd_core.artifacts import ArtifactRef, sha256_path
 from lopd_core.config import RolloutConfig
 from lopd_core.conversation import Trajectory
@@ -95,7 +95,7 @@ def build_benchmark(bench: BenchmarkSpec, spec: EvaluateSpec) -> tuple[Suite, li
         memory_mb=spec.code.memory_mb,
         sandbox=spec.code.sandbox,
     )
-    if bench.name in ("toolworld", "toolworld-compact", "toolworld-minimal"):
+    if bench.name.startswith("toolworld"):  # toolworld, -compact, -minimal, -rules[-s<seed>][-k<k>]
         suite: Suite = open_suite(bench.name)  # the one suite opener, as training uses it
     elif bench.name == "envscaler":
         suite = loaders.load_envscaler(bench.env_metadata, bench.path, name=bench.label)
@@ -178,6 +178,71 @@ def latent_policy(
         return LatentRollout(loaded.lopd, cfg, composed_latents(loaded.lopd, retrieve))
 
     return bank, make
+
+
+def solution_traces(suite: Suite, tasks: list[Task]) -> dict[str, str]:
+    """task id -> the trace of the task's reference solution replayed through its episode (verified: reward 1),
+    the form of OPSD's solutions at training time; tasks without a reference solution are left out."""
+    from lopd_core.evaluation.harness import ScriptedPolicy
+    from lopd_core.sft import reference_actions
+
+    scenario = getattr(suite, "scenario", None)
+    if scenario is None:
+        return {}
+    with_solution = [t for t in tasks if scenario(t.task_id).get("reference_solution")]
+    replays = ScriptedPolicy(lambda task: reference_actions(scenario(task.task_id)))(
+        [suite.episode(t) for t in with_solution]
+    )
+    return {r.task_id: r.trace for r in replays if r.reward >= 1.0 and not r.failed and r.trace}
+
+
+def text_teacher_policy(
+    spec: EvaluateSpec, loaded: Loaded, plan: list[tuple[BenchmarkSpec, Suite, list[Task]]], store: ArtifactStore
+) -> Callable[[BenchmarkSpec, RolloutConfig], Policy]:
+    """A policy factory for the frozen text teacher of an OPSD / SDFT / Skill-SD checkpoint, reading the context
+    its method gives it: the task's verified solution (OPSD, SDFT) or the environment's skill note (Skill-SD,
+    from the collect stage's `dataset`)."""
+    from components.common import read_trajectories
+    from lopd_core import skills
+    from lopd_core.conversation import Message
+    from lopd_core.evaluation.teacher import TextTeacherRollout
+    from lopd_core.methods import build_method
+
+    models = loaded.lopd
+    method = loaded.description.get("method")
+    if models is None or method not in TEXT_TEACHERS:
+        raise ValueError(f"teacher_eval acts with a text teacher: it needs the checkpoint of a "
+                         f"{'/'.join(TEXT_TEACHERS)} run, got {method or 'a model without a method'}")  # fmt: skip
+    notes: dict[str, str] = {}
+    if method == "skill_sd":
+        if spec.dataset is None:
+            raise ValueError("teacher_eval of a skill_sd run needs `dataset` (the collect stage's trajectories)")
+        notes = skills.skill_notes(read_trajectories(resolve(spec.dataset, store, "dataset")[0]))
+    traces: dict[str, str] = {}
+    for bench, suite, tasks in plan:
+        if bench.kind != "code":
+            traces.update(solution_traces(suite, tasks))
+    strategy, _ = build_method(models, models.cfg, solutions=traces.get, skills=notes.get)
+    if strategy.teacher_adapter is not None:
+        raise ValueError(f"teacher_eval: the {method} run's teacher is an EMA of its student (teacher_sync), which "
+                         "its checkpoint does not hold; only frozen teachers can be evaluated")  # fmt: skip
+    contexts = {}
+    for bench, _, tasks in plan:
+        probes = [Trajectory(task_id=t.task_id, env_id=t.env_id, task=t.instruction,
+                             messages=[Message("user", t.instruction)]) for t in tasks]  # fmt: skip
+        if bench.kind != "code" and probes:
+            contexts.update(zip([t.task_id for t in tasks], strategy.contexts(probes), strict=True))
+
+    def make(bench: BenchmarkSpec, cfg: RolloutConfig) -> Policy:
+        engine = TextTeacherRollout(models.backbone, models.tokenizer, cfg, contexts)
+
+        def play(episodes: list[Any]) -> list[Trajectory]:
+            with models.switch.use(None):  # the frozen teacher: every adapter off
+                return engine(episodes)
+
+        return play
+
+    return make
 
 
 def run_plan(

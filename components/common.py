@@ -75,7 +75,8 @@ class StageResult(Model):
 
 def open_suite(name: str, validation_fraction: float = 0.0) -> Suite:
     """A task suite by name: "toolworld" (built in; "toolworld-compact" / "toolworld-minimal": the same tasks
-    with compact prompts / the environment's id only, for small students), "bfcl" (BFCL-v3 multi-turn), or
+    with compact prompts / the environment's id only, for small students; "toolworld-rules[-s<seed>][-k<k>]":
+    toolworld-minimal plus hidden house rules, the positive control), "bfcl" (BFCL-v3 multi-turn), or
     "envscaler:<env_metadata.json>:<train_scenarios.json>[:<eval_scenarios.json>]" for EnvScaler files.
 
     `validation_fraction > 0` moves a stratified slice of the training split into a "validation" split
@@ -114,12 +115,10 @@ def held_out_task_ids() -> dict[str, str]:
 
 
 def _open_suite(name: str) -> Suite:
-    from lopd_core.envs.toolworld import SUITES as TOOLWORLD_SUITES
+    from lopd_core.envs.toolworld import is_toolworld, open_toolworld
 
-    if name in TOOLWORLD_SUITES:
-        from lopd_core.envs.toolworld import load_toolworld
-
-        return load_toolworld(prompt=TOOLWORLD_SUITES[name])
+    if is_toolworld(name):
+        return open_toolworld(name)
     if name in ("bfcl", "bfcl-v3"):
         from lopd_core.envs.bfcl import BFCLSuite
 
@@ -136,7 +135,8 @@ def _open_suite(name: str) -> Suite:
         splits = {"train": parts[1], **({"eval": parts[2]} if len(parts) == 3 else {})}
         return EnvScalerSuite.from_files(parts[0], splits, name="envscaler")
     raise ValueError(
-        f"unknown suite {name!r}: use 'toolworld', 'toolworld-compact', 'toolworld-minimal', 'bfcl' or "
+        f"unknown suite {name!r}: use 'toolworld', 'toolworld-compact', 'toolworld-minimal', 'toolworld-rules', "
+        "'bfcl' or "
         "'envscaler:<env>:<train>[:<eval>]'"
     )
 

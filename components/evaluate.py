@@ -20,8 +20,10 @@ statistics), records.jsonl (one line per episode), trajectories.jsonl and report
 deterministic: the same checkpoint gives the same metrics.json, byte for byte.
 
 With `latent_eval`, the teacher (frozen backbone) acting with its latent context from the run's composer and a
-bank snapshot is evaluated on the same agent tasks and reported apart (`latent_eval` in metrics.json): a
-diagnostic of what the context is worth, not a result of the student.
+bank snapshot is evaluated on the same agent tasks and reported apart (`latent_eval` in metrics.json); with
+`teacher_eval`, the frozen text teacher of an OPSD / SDFT / Skill-SD checkpoint reading its context (`teacher_eval`):
+diagnostics of what the context is worth (a teacher that loses to its student as a policy cannot teach it), not
+results of the student.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ BenchmarkName = Literal[
     "envscaler",
 ]
 BENCHMARK_NAMES: tuple[str, ...] = BenchmarkName.__args__
+# toolworld-rules, the positive control (lopd_core.envs.toolworld.rules): its seed and k in the name
+RulesBenchmark = Annotated[str, Field(pattern=r"^toolworld-rules(-s\d+)?(-k\d+)?$")]
 FILE_BENCHMARKS = ("humaneval_plus", "mbpp_plus", "livecodebench", "envscaler")
 KIND = {
     "toolworld": "agent", "toolworld-compact": "agent", "toolworld-minimal": "agent", "envscaler": "agent",
@@ -60,6 +64,8 @@ KIND = {
 # Where and how a run is recorded, not what is evaluated: left out of the metrics' spec hash.
 RUN_FIELDS = ("run_dir", "artifact_root", "tracking", "tracking_uri", "experiment", "parent_run_id", "tags", "threads",
               "progress")  # fmt: skip
+# Methods whose frozen teacher can act with its text context (teacher_eval); SDPO's needs the student's own attempt.
+TEXT_TEACHERS = ("opsd", "sdft", "skill_sd")
 # Per-benchmark rollout defaults where the general ones do not fit (BFCL prompts are ~4k tokens, several user turns).
 DEFAULT_LIMITS: dict[str, dict[str, int]] = {"bfcl": {"max_turns": 30, "max_total_tokens": 8192}}
 
@@ -71,7 +77,10 @@ class _Spec(BaseModel):
 class BenchmarkSpec(_Spec):
     """One benchmark to run. A bare string in `benchmarks` means {name: <string>}."""
 
-    name: BenchmarkName = Field(description="The benchmark: an agent suite or a code benchmark.")
+    name: BenchmarkName | RulesBenchmark = Field(
+        description="The benchmark: an agent suite (toolworld-rules[-s<seed>][-k<k>]: the positive control) or a code "
+        "benchmark."
+    )
     key: str | None = Field(None, description="Name in metrics and tables (default: name), e.g. livecodebench_v6.")
     sample: int | None = Field(
         None, ge=0, description="Tasks to evaluate (BFCL: per subset); a seeded sample, None = all."
@@ -95,7 +104,7 @@ class BenchmarkSpec(_Spec):
 
     @property
     def kind(self) -> str:
-        return KIND[self.name]
+        return KIND.get(self.name, "agent")  # toolworld-rules variants are agent suites
 
     @model_validator(mode="after")
     def _check_paths(self) -> BenchmarkSpec:
@@ -167,6 +176,14 @@ class EvaluateSpec(StageSpec):
     seed: int = 0
     latent_eval: bool = Field(False, description="Also evaluate the latent teacher (needs an LOPD checkpoint + bank).")
     bank: dict[str, Any] | str | None = Field(None, description="Bank snapshot (ArtifactRef dict or its directory).")
+    teacher_eval: bool = Field(
+        False,
+        description="Also evaluate the frozen text teacher of an OPSD / SDFT / Skill-SD checkpoint as a policy, "
+        "with its context (the task's verified solution; the environment's skill note): a diagnostic.",
+    )
+    dataset: dict[str, Any] | str | None = Field(
+        None, description="The collect stage's trajectories (ArtifactRef dict or file): Skill-SD's notes."
+    )
     run_dir: str = "runs/evaluate"
     experiment: str = "evaluation"
     tracking: bool = Field(True, description="Log to MLflow.")
@@ -194,6 +211,8 @@ class EvaluateSpec(StageSpec):
             raise ValueError("several samples per task need sampling: set rollout.temperature > 0")
         if self.latent_eval and (self.checkpoint is None or self.bank is None):
             raise ValueError("latent_eval needs the checkpoint of an LOPD run and a bank snapshot (`bank`)")
+        if self.teacher_eval and self.checkpoint is None:
+            raise ValueError("teacher_eval needs the checkpoint of an OPSD, SDFT or Skill-SD run")
         return self
 
 
@@ -219,7 +238,14 @@ def evaluate(spec: EvaluateSpec) -> StageResult:
     """Run every benchmark of `spec`, write and store the outputs, log them to MLflow (see the module docstring)."""
     import torch  # the stage's heavy imports load when it runs, so that `--help` stays fast
 
-    from components.benchmarks import build_benchmark, latent_policy, policy_model, run_plan, student_policy
+    from components.benchmarks import (
+        build_benchmark,
+        latent_policy,
+        policy_model,
+        run_plan,
+        student_policy,
+        text_teacher_policy,
+    )
     from lopd_core.evaluation.tables import detail_table, report_markdown
 
     if spec.threads:
@@ -231,6 +257,7 @@ def evaluate(spec: EvaluateSpec) -> StageResult:
     store = spec.store()
     seconds: dict[str, float] = {}
     latent: dict[str, Any] | None = None
+    teacher_metrics: dict[str, Any] | None = None
     all_records: list[dict[str, Any]] = []
     all_trajectories: list[dict[str, Any]] = []
     t_start = time.monotonic()
@@ -249,6 +276,11 @@ def evaluate(spec: EvaluateSpec) -> StageResult:
                     latent = run_plan(agent_plan, spec, teacher, "latent", seconds, all_records, all_trajectories)
                 finally:
                     bank.close()
+        if spec.teacher_eval:
+            agent_plan = [p for p in plan if p[0].kind != "code"]
+            text_teacher = text_teacher_policy(spec, loaded, agent_plan, store)
+            teacher_metrics = run_plan(agent_plan, spec, text_teacher, "teacher", seconds, all_records,
+                                       all_trajectories)  # fmt: skip
         description = loaded.description
     seconds["total"] = round(time.monotonic() - t_start, 2)
 
@@ -267,11 +299,15 @@ def evaluate(spec: EvaluateSpec) -> StageResult:
         "scale": "scores in percent (0-100); mean reward x 100",
         "benchmarks": benchmarks,
         "latent_eval": latent,
+        "teacher_eval": teacher_metrics,
     }
     rows = [(label, benchmarks)] + ([(f"{label}: latent teacher (diagnostic)", latent)] if latent else [])
+    rows += [(f"{label}: teacher with its context (diagnostic)", teacher_metrics)] if teacher_metrics else []
     report = report_markdown(f"Evaluation: {label}", rows, details=benchmarks)
     if latent:
         report += "\n## Latent teacher (diagnostic, not the student)\n\n" + detail_table(latent)
+    if teacher_metrics:
+        report += "\n## Teacher with its context (diagnostic, not the student)\n\n" + detail_table(teacher_metrics)
 
     (out_dir / "metrics.json").write_text(json.dumps(metrics_doc, indent=2, sort_keys=True))
     (out_dir / "report.md").write_text(report)
@@ -320,6 +356,8 @@ def _track(
         flat = flat_metrics(metrics["benchmarks"], prefix="eval/")
         if metrics.get("latent_eval"):
             flat.update(flat_metrics(metrics["latent_eval"], prefix="latent_eval/"))
+        if metrics.get("teacher_eval"):
+            flat.update(flat_metrics(metrics["teacher_eval"], prefix="teacher_eval/"))
         flat.update({f"time/{k}_s": v for k, v in seconds.items()})
         run.log_metrics(flat, step=0)
         run.log_json(metrics, "metrics/metrics.json")

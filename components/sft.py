@@ -5,8 +5,11 @@ through the suite's own episodes so they carry real tool results and the exact p
 rollouts (`lopd_core.sft`); only replays that score 1.0 are kept. For the built-in toolworld suites,
 `sft.pool_per_level` adds generator scenarios of the training distribution (per environment and difficulty),
 disjoint from every shipped scenario by instance and by task text, so neither a held-out task nor a held-out
-instance reaches the SFT data. Output: the trained model as a Hugging Face folder (artifact kind "model"), which
-later stages load through their `warm_start` field, and the demonstrations (kind "dataset").
+instance reaches the SFT data. On a suite with house rules (toolworld-rules) every demonstration obeys them when it
+is verified; then, by default (`sft.house_codes: uniform`), its code is replaced by an alternative drawn uniformly
+at random, so the warm start learns the rule's form and not its value (`correct` keeps the right codes: the oracle
+warm start). Output: the trained model as a Hugging Face folder (artifact kind "model"), which later stages load
+through their `warm_start` field, and the demonstrations (kind "dataset").
 
     python -m components.sft backbone=toolworld-1m suite=toolworld-compact sft.steps=600 sft.pool_per_level=400
 """
@@ -60,18 +63,16 @@ class SFTSpec(StageSpec):
 
 def pool_suite(suite_name: str, per_level: int, difficulties: list[int] | None) -> Suite:
     """The toolworld generator's extra training scenarios as a suite (their own task ids, split "train")."""
-    from lopd_core.envs.envscaler import EnvScalerSuite, load_env_items
-    from lopd_core.envs.toolworld import DATA_DIR, ENV_FILE, SUITES, load_toolworld
+    from lopd_core.envs.toolworld import SUITES, is_toolworld, open_toolworld
     from lopd_core.envs.toolworld.generate import LEVELS, training_pool
 
-    if suite_name not in SUITES:
-        raise ValueError(f"sft.pool_per_level needs a toolworld suite ({', '.join(SUITES)}), not {suite_name!r}")
+    if not is_toolworld(suite_name):
+        raise ValueError(f"sft.pool_per_level needs a toolworld suite ({', '.join(SUITES)}, toolworld-rules), "
+                         f"not {suite_name!r}")  # fmt: skip
     levels = tuple(sorted(set(difficulties))) if difficulties else LEVELS
     if any(level > max(LEVELS) for level in levels):
         raise ValueError(f"the generator's levels are {LEVELS} (level {max(LEVELS)} holds 6 to 8 calls)")
-    config = load_toolworld(prompt=SUITES[suite_name]).config
-    items = training_pool(per_level, levels=levels)
-    return EnvScalerSuite(load_env_items(DATA_DIR / ENV_FILE), {"train": items}, name=suite_name, config=config)
+    return open_toolworld(suite_name, items=training_pool(per_level, levels=levels))
 
 
 def _tasks(suite: Suite, difficulties: list[int] | None) -> list[Task]:
@@ -103,6 +104,10 @@ def run_sft(spec: SFTSpec) -> StageResult:
         pool = pool_suite(spec.suite, cfg.pool_per_level, spec.difficulties)
         extra, extra_dropped = demonstrations(pool, pool.tasks("train"), cfg.answer)
         demos, dropped = demos + extra, dropped + extra_dropped
+    rules = getattr(suite, "rules", None)  # toolworld-rules: verify, then randomise (DESIGN.md §9, pitfall 1)
+    if rules is not None and cfg.house_codes == "uniform":
+        rng = random.Random(cfg.seed + 2)
+        demos = [rules.randomise(d, rng) for d in demos]
     demos = demos + privileged_copies(demos, cfg.privileged_fraction, cfg.seed)
     if not demos:
         raise ValueError(

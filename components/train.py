@@ -203,10 +203,11 @@ def train(spec: TrainSpec) -> StageResult:
         strategy, objective = build_method(
             models, cfg, retrieve=retrieve,
             solutions=lambda task_id: solutions.get(task_id, (None, ""))[0],
-            skills=notes.get,
+            skills=notes.get, source_env=retrieve.source_env if retrieve is not None else None,
         )  # fmt: skip
         sink = run.metrics_sink()
-        step = TrainStep(models, ChatSerializer(tok, cfg.max_seq_len), strategy, objective, cfg, sink)
+        step = TrainStep(models, ChatSerializer(tok, cfg.max_seq_len), strategy, objective, cfg, sink,
+                         token_marks=getattr(suite, "rule_spans", None))  # fmt: skip
 
         vllm = None  # rollout.engine=vllm: one worker for the whole run, the student's weights loaded after each step
         if spec.rollout.engine == "vllm":

@@ -167,6 +167,11 @@ class EvalParams(Model):
     seed: int = Field(0, description="Task sample seed (the same tasks for every model).")
     base: bool = Field(True, description="Also evaluate the base model: the reference row of the table.")
     latent_eval: bool = Field(False, description="LOPD runs: also evaluate the latent teacher (a diagnostic).")
+    teacher_eval: bool = Field(
+        False,
+        description="Distillation runs: also evaluate the teacher as a policy with its context (a diagnostic): LOPD's "
+        "latent teacher (as latent_eval), the frozen text teacher of OPSD, SDFT and Skill-SD.",
+    )
 
     @field_validator("benchmarks", mode="before")
     @classmethod

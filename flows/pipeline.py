@@ -227,7 +227,7 @@ def lopd_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
             base = evaluate_spec(cfg, common, name, "base", None, None, None, warm)
             calls.append(("evaluate", "evaluate base", base))
         for (a, s), t in zip(members, trained, strict=True):
-            spec = evaluate_spec(cfg, common, f"{a} seed {s}", arms[a], s, t.result, b.result, warm, a)
+            spec = evaluate_spec(cfg, common, f"{a} seed {s}", arms[a], s, t.result, b.result, warm, a, dataset)
             calls.append(("evaluate", f"evaluate {a} seed {s}", spec))
         evaluated = run(calls)
         report = ReportSpec(

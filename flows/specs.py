@@ -10,12 +10,13 @@ from components.bank import BankSpec
 from components.cold_start import ColdStartSpec
 from components.collect import CollectSpec
 from components.common import StageResult
-from components.evaluate import EvaluateSpec
+from components.evaluate import TEXT_TEACHERS, EvaluateSpec
 from components.sft import SFTSpec
 from components.train import TrainSpec
 from flows.config import PipelineConfig
 from flows.report import ARM_TAG, LABEL_TAG, TRAIN_RUN_TAG
 from lopd_core.artifacts import ArtifactRef
+from lopd_core.methods import teacher_sync
 
 
 def common_fields(cfg: PipelineConfig, parent_run_id: str, tags: dict[str, str]) -> dict[str, Any]:
@@ -139,10 +140,14 @@ def evaluate_spec(
     bank: StageResult | None,
     warm: ArtifactRef | None = None,
     arm: str | None = None,
+    dataset: ArtifactRef | None = None,
 ) -> EvaluateSpec:
     ev = cfg.evaluate
     checkpoint = train.artifacts["checkpoint"].to_dict() if train else None
-    latent = ev.latent_eval and method == "lopd" and bank is not None
+    latent = (ev.latent_eval or ev.teacher_eval) and method == "lopd" and bank is not None
+    # a text teacher that acts with its context: a frozen one (an EMA teacher's weights are not in the checkpoint)
+    text_teacher = ev.teacher_eval and method in TEXT_TEACHERS and teacher_sync(cfg.arm_config(arm or method)[0]) \
+        == "frozen"  # fmt: skip
     tags = {**common["tags"], "method": method, LABEL_TAG: label, ARM_TAG: arm or method}
     if seed is not None:
         tags["seed"] = str(seed)
@@ -160,6 +165,8 @@ def evaluate_spec(
         seed=ev.seed,
         latent_eval=latent,
         bank=bank.artifacts["bank_snapshot"].to_dict() if latent and bank else None,
+        teacher_eval=text_teacher,
+        dataset=dataset.to_dict() if text_teacher and method == "skill_sd" and dataset is not None else None,
         run_dir=common["run_dir"],
         artifact_root=common["artifact_root"],
         tracking=True,

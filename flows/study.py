@@ -47,15 +47,77 @@ def with_ablation(cfg: PipelineConfig) -> PipelineConfig:
 # ------------------------------------------------------------------------------------------------ the report
 
 
-def read_records(path: Path, benchmark: str) -> dict[str, float]:
-    """task id -> reward of the student acting alone on `benchmark`, from an evaluation's records.jsonl."""
+def read_records(path: Path, benchmark: str, contexts: tuple[str, ...] = ("none",)) -> dict[str, float]:
+    """task id -> reward on `benchmark` from an evaluation's records.jsonl: of the student acting alone (context
+    "none"), or of the teacher acting with its context ("latent", "teacher")."""
     out = {}
     with open(path / "records.jsonl") as fh:
         for line in fh:
             r = json.loads(line)
-            if r["benchmark"] == benchmark and r.get("context", "none") == "none" and int(r.get("sample", 0)) == 0:
+            if r["benchmark"] == benchmark and r.get("context", "none") in contexts and int(r.get("sample", 0)) == 0:
                 out[r["task_id"]] = float(r["reward"])
     return out
+
+
+# the teacher diagnostics every distillation run logs per step (lopd_core.diagnostics), in the report's order
+DIAGNOSTICS = ("privilege_success", "privilege_failure", "privilege_rule_success", "privilege_rule_failure",
+               "privilege_other", "order_auc", "retrieval_same_env")  # fmt: skip
+TEACHER_CONTEXTS = ("latent", "teacher")
+DIAGNOSTICS_NOTE = """\
+δ = log pT(a) − log pS(a) on the student's sampled tokens (nats per token), each run's mean over its steps, averaged
+over seeds. Rule tokens: the tokens that realise a house rule (toolworld-rules); a teacher that knows the rule has
+δ > 0 on those of successes and δ < 0 on those of failures. Order AUC: the probability that a success's mean δ
+exceeds a failure's (0.5: no ranking). Teacher as a policy: the teacher acting with its context on the held-out tasks
+(LOPD: its latents; OPSD and SDFT: the task's verified solution; Skill-SD: the environment's note), after training; a
+teacher that loses to its student as a policy cannot teach it.
+"""
+
+
+def diagnostics_section(
+    tracker: Tracker, rows: list[dict[str, Any]], arms: list[str], episodes: dict[str, Path], benchmark: str
+) -> tuple[str, dict[str, Any]]:
+    """Per arm: each diagnostic's mean over a run's steps, averaged over seeds; and the teacher as a policy on
+    `benchmark` (success of the teacher acting with its context beside the student's), where it was evaluated."""
+    table: dict[str, Any] = {}
+    for arm in arms:
+        members = [r for r in rows if r["arm"] == arm and r["train_run_id"]]
+        per_key: dict[str, list[float]] = {}
+        for r in members:
+            series = run_series(tracker, r["train_run_id"], list(DIAGNOSTICS))
+            for key in DIAGNOSTICS:
+                values = [v for _, v in series.history.get(key, [])]
+                if values:
+                    per_key.setdefault(key, []).append(statistics.fmean(values))
+        teacher, student = [], []
+        for r in members:
+            if r["run_id"] in episodes:
+                acted = read_records(episodes[r["run_id"]], benchmark, TEACHER_CONTEXTS)
+                if acted:
+                    teacher.append(100 * statistics.fmean(v >= 1.0 for v in acted.values()))
+                    alone = read_records(episodes[r["run_id"]], benchmark)
+                    student.append(100 * statistics.fmean(v >= 1.0 for v in alone.values()))
+        if per_key or teacher:
+            table[arm] = {k: statistics.fmean(v) for k, v in per_key.items()} | {"per_seed": per_key}
+            if teacher:
+                table[arm] |= {
+                    "teacher_success": statistics.fmean(teacher),
+                    "student_success": statistics.fmean(student),
+                }
+    if not table:
+        return "", {}
+    header = ["Arm", "δ successes", "δ failures", "δ rule tokens, successes", "δ rule tokens, failures",
+              "δ other tokens", "Order AUC", "Retrieval from own env", f"Teacher as a policy: success % ({benchmark})",
+              "Student success %"]  # fmt: skip
+    body = []
+    for arm, d in table.items():
+        cells = [f"{d[k]:+.3f}" if k in d and k.startswith("privilege") else f"{d[k]:.2f}" if k in d else "-"
+                 for k in DIAGNOSTICS]  # fmt: skip
+        policy = (
+            [f"{d['teacher_success']:.1f}", f"{d['student_success']:.1f}"] if "teacher_success" in d else ["-", "-"]
+        )
+        body.append([arm, *cells, *policy])
+    text = "### Teacher diagnostics\n\n" + _table(header, body) + "\n" + DIAGNOSTICS_NOTE
+    return text, table
 
 
 def _cell(est: Any, digits: int = 1) -> str:
@@ -112,6 +174,11 @@ def study_section(
         "seeds; intervals over seeds use the seeds' means (t, n_seeds - 1 df). Δ: paired per task against the "
         "warm start; an arm improves on it when the interval's lower end is above 0.\n"
     )
+    if agent:
+        text, diagnostics = diagnostics_section(tracker, rows, arms, episodes, agent[0])
+        if text:
+            parts.append(text)
+            data["diagnostics"] = diagnostics
     bands = _curves(tracker, rows, arms)
     if bands:
         path = out_dir / "study_curves.png"

@@ -226,6 +226,12 @@ class SFTConfig(StrictModel):
         description="Ours: this share of the demonstrations is added again with its own solution "
         "in front of the task, as the text-context teachers (OPSD) read it, so a teacher with context has seen one.",
     )
+    house_codes: Literal["uniform", "correct"] = Field(
+        "uniform",
+        description="A suite with house rules (toolworld-rules): each demonstration, once verified, writes the code "
+        "of an alternative drawn uniformly at random (the warm start learns the rule's form, not its value), or the "
+        "correct code (the oracle warm start: the ceiling's calibration row). Other suites: ignored.",
+    )
     data_parallel: Literal["auto", "ddp", "fsdp"] = Field(
         "auto",
         description="Several ranks (torchrun): ddp = a full replica on every rank; fsdp = FSDP2 (fully_shard), each "

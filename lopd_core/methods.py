@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from lopd_core.models import LOPDModels
 
 Retriever = Callable[[str, str], list[str]]  # (task text, task id) -> up to J experience texts, never the task's own
+SourceEnv = Callable[[str], str | None]  # a retrieved experience text -> the environment it came from
 SolutionLookup = Callable[[str], str | None]  # task id -> a successful trajectory of that task, as text
 SkillLookup = Callable[[str], str | None]  # env id -> a skill note for that environment
 
@@ -74,10 +75,14 @@ class LatentContext(NoContext):
     teacher_requires_grad = True
     requires_context = True
 
-    def __init__(self, composer: Composer, retrieve: Retriever, cfg: LOPDConfig) -> None:
+    def __init__(
+        self, composer: Composer, retrieve: Retriever, cfg: LOPDConfig, source_env: SourceEnv | None = None
+    ) -> None:
         self.composer = composer
         self.retrieve = retrieve
         self.cfg = cfg
+        self.source_env = source_env  # for the diagnostic `retrieval_same_env`, when the retriever can tell
+        self.same_env: float | None = None
         self.teacher_requires_grad = not cfg.freeze_composer  # a frozen composer needs no teacher backward
         self.teacher_adapter = latent_teacher_adapter(cfg)  # the cold start's reader, if any
         self.n_placeholder = 0
@@ -90,20 +95,31 @@ class LatentContext(NoContext):
         retrieved = [self.retrieve(t.task, t.task_id)[: self.cfg.n_retrieved] for t in trajectories]
         # retrieval slots the composer fills with its "no past trajectory" item (a small or empty bank)
         self.n_placeholder = sum(self.cfg.n_retrieved - len(items) for items in retrieved)
+        if self.source_env is not None:  # the share of the retrieved experiences from the task's own environment
+            own = [
+                self.source_env(doc) == t.env_id
+                for t, items in zip(trajectories, retrieved, strict=True)
+                for doc in items
+            ]
+            self.same_env = sum(own) / len(own) if own else None
         latents = self.composer(tasks, retrieved)
         return TeacherInputs(latents, self.composer.anchor_latents(tasks, retrieved))
 
     def metrics(self) -> dict[str, float]:
-        return {"n_placeholder_experiences": float(self.n_placeholder)}
+        out = {"n_placeholder_experiences": float(self.n_placeholder)}
+        if self.same_env is not None:
+            out["retrieval_same_env"] = self.same_env
+        return out
 
 
 class TextContext(NoContext):
     """A text context per record, built by `describe(trajectory, batch)`; None = no privileged info for it."""
 
     requires_context = True
+    default_sync = "ema"  # the teacher's weights unless `baseline.teacher_sync` says: "frozen" or "ema"
 
-    def __init__(self, models: LOPDModels, cfg: LOPDConfig, default_sync: str) -> None:
-        sync = cfg.baseline.teacher_sync if cfg.baseline.teacher_sync != "default" else default_sync
+    def __init__(self, models: LOPDModels, cfg: LOPDConfig) -> None:
+        sync = cfg.baseline.teacher_sync if cfg.baseline.teacher_sync != "default" else self.default_sync
         self.models = models
         self.rate = cfg.baseline.teacher_ema_rate
         self.teacher_adapter = None
@@ -158,8 +174,10 @@ class SolutionContext(TextContext):
     solution when there is none — the lookup records which), as a compact action-result trace.
     """
 
+    default_sync = "frozen"
+
     def __init__(self, models: LOPDModels, cfg: LOPDConfig, solutions: SolutionLookup) -> None:
-        super().__init__(models, cfg, default_sync="frozen")
+        super().__init__(models, cfg)
         self.solutions = solutions
 
     def describe(self, trajectory: Trajectory, batch: Sequence[Trajectory]) -> str | None:
@@ -175,9 +193,7 @@ class DemonstrationContext(SolutionContext):
     recipes use forward KL); we use the shared top-M reverse KL.
     """
 
-    def __init__(self, models: LOPDModels, cfg: LOPDConfig, solutions: SolutionLookup) -> None:
-        TextContext.__init__(self, models, cfg, default_sync="ema")
-        self.solutions = solutions
+    default_sync = "ema"
 
     def describe(self, trajectory: Trajectory, batch: Sequence[Trajectory]) -> str | None:
         demo = self.solutions(trajectory.task_id)
@@ -193,9 +209,6 @@ class FeedbackContext(TextContext):
     attempt with no successful sibling carries no feedback: it is left out (the paper does not reprompt a
     rollout with itself).
     """
-
-    def __init__(self, models: LOPDModels, cfg: LOPDConfig) -> None:
-        super().__init__(models, cfg, default_sync="ema")
 
     def describe(self, trajectory: Trajectory, batch: Sequence[Trajectory]) -> str | None:
         parts = []
@@ -228,7 +241,7 @@ class SkillContext(TextContext):
     """
 
     def __init__(self, models: LOPDModels, cfg: LOPDConfig, skills: SkillLookup) -> None:
-        super().__init__(models, cfg, default_sync="ema")
+        super().__init__(models, cfg)
         self.skills = skills
 
     def describe(self, trajectory: Trajectory, batch: Sequence[Trajectory]) -> str | None:
@@ -373,18 +386,40 @@ class Method:
     """A method = a teacher-context strategy + an objective, and the inputs the strategy needs."""
 
     strategy: Callable[..., NoContext]  # (models, cfg, inputs) -> strategy
+    context: type[NoContext]  # the strategy's class: what the teacher reads
     objective: type[DistillObjective]
     needs: tuple[str, ...] = ()  # of: retrieve, solutions, skills
 
 
 METHODS: dict[str, Method] = {  # every method, once (its name is config.MethodName)
-    "lopd": Method(lambda m, c, i: LatentContext(m.composer, i["retrieve"], c), LOPDObjective, ("retrieve",)),
-    "opsd": Method(lambda m, c, i: SolutionContext(m, c, i["solutions"]), DistillObjective, ("solutions",)),
-    "sdft": Method(lambda m, c, i: DemonstrationContext(m, c, i["solutions"]), DistillObjective, ("solutions",)),
-    "sdpo": Method(lambda m, c, i: FeedbackContext(m, c), DistillObjective),
-    "skill_sd": Method(lambda m, c, i: SkillContext(m, c, i["skills"]), DistillObjective, ("skills",)),
-    "grpo": Method(lambda m, c, i: NoContext(), GRPOObjective),
+    "lopd": Method(
+        lambda m, c, i: LatentContext(m.composer, i["retrieve"], c, i["source_env"]),
+        LatentContext,
+        LOPDObjective,
+        ("retrieve",),
+    ),
+    "opsd": Method(
+        lambda m, c, i: SolutionContext(m, c, i["solutions"]), SolutionContext, DistillObjective, ("solutions",)
+    ),
+    "sdft": Method(
+        lambda m, c, i: DemonstrationContext(m, c, i["solutions"]),
+        DemonstrationContext,
+        DistillObjective,
+        ("solutions",),
+    ),
+    "sdpo": Method(lambda m, c, i: FeedbackContext(m, c), FeedbackContext, DistillObjective),
+    "skill_sd": Method(lambda m, c, i: SkillContext(m, c, i["skills"]), SkillContext, DistillObjective, ("skills",)),
+    "grpo": Method(lambda m, c, i: NoContext(), NoContext, GRPOObjective),
 }
+
+
+def teacher_sync(cfg: LOPDConfig) -> str | None:
+    """A text teacher's weights for `cfg`: "frozen" or "ema" (`baseline.teacher_sync`, else the method's default);
+    None when the method's teacher reads no text context (LOPD, GRPO)."""
+    context = METHODS[cfg.method].context
+    if not issubclass(context, TextContext):
+        return None
+    return context.default_sync if cfg.baseline.teacher_sync == "default" else cfg.baseline.teacher_sync
 
 
 def build_method(
@@ -393,12 +428,14 @@ def build_method(
     retrieve: Retriever | None = None,
     solutions: SolutionLookup | None = None,
     skills: SkillLookup | None = None,
+    source_env: SourceEnv | None = None,
 ) -> tuple[NoContext, DistillObjective]:
-    """(strategy, objective) for `cfg.method`; names the missing input when a method needs one."""
+    """(strategy, objective) for `cfg.method`; names the missing input when a method needs one. `source_env`
+    (optional) tells the environment of a retrieved experience, for LOPD's diagnostic `retrieval_same_env`."""
     if cfg.method not in METHODS:
         raise ValueError(f"unknown method {cfg.method!r} (known: {', '.join(METHODS)})")
     method = METHODS[cfg.method]
-    inputs = {"retrieve": retrieve, "solutions": solutions, "skills": skills}
+    inputs = {"retrieve": retrieve, "solutions": solutions, "skills": skills, "source_env": source_env}
     for name in method.needs:
         if inputs[name] is None:
             raise ValueError(f"method {cfg.method!r} needs `{name}`")

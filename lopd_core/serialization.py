@@ -67,6 +67,7 @@ class TokenView:
     offset: int = 0  # positions inserted by the teacher's context (0 for the student view)
     latent_start: int = -1  # first placeholder position, -1 if none
     latent_len: int = 0
+    assistant_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each assistant content
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -178,6 +179,7 @@ class ChatSerializer:
                     self._add_context(view, add, context)
             if msg.role == "assistant":
                 content = msg.token_ids if msg.token_ids is not None else self._encode(msg.content)
+                view.assistant_spans.append((len(ids), len(ids) + len(content)))
                 add(list(content), supervised=True)
                 supervise_next = not msg.truncated
             else:

@@ -30,6 +30,7 @@ from lopd_core.adapters import decoder_layers
 from lopd_core.batch import DistillBatch, TeacherInputs
 from lopd_core.config import LOPDConfig
 from lopd_core.conversation import Trajectory
+from lopd_core.diagnostics import TokenMarks, marked_positions, teacher_diagnostics
 from lopd_core.distributed import World, current_world, gathered, idle_loss, is_sharded, merge_metrics, scalar
 from lopd_core.loss_head import HeadOutputs, distill_head, token_logprobs
 from lopd_core.losses import advantages_from_rewards
@@ -97,6 +98,7 @@ class StepInputs(NamedTuple):
     targets: torch.Tensor
     rewards: torch.Tensor
     groups: torch.Tensor
+    marked: torch.Tensor | None = None  # [N] 1 where the token realises a rule (`token_marks`), else 0
 
 
 class _StepModule(nn.Module):
@@ -121,8 +123,12 @@ class TrainStep:
         cfg: LOPDConfig,
         sink: MetricsSink | None = None,
         world: World | None = None,
+        token_marks: TokenMarks | None = None,
     ) -> None:
+        """`token_marks` (optional): an action's text -> character spans of the tokens that realise a rule of the
+        suite (toolworld-rules' `rule_spans`), which the teacher diagnostics split the privilege by."""
         self.models = models
+        self.token_marks = token_marks
         self.serializer = serializer
         self.strategy = strategy
         self.objective = objective
@@ -222,6 +228,11 @@ class TrainStep:
             )
             n_tokens = metrics["n_action_tokens"]
             self._weights.update(privilege_mean=n_tokens, teacher_topm_mass=n_tokens, tail_mass=n_tokens)
+            if self.strategy.requires_context:  # a privileged teacher: what it knows (lopd_core.diagnostics)
+                assert inputs is not None
+                diagnostics, weights = teacher_diagnostics(head.privilege, inputs.rows, inputs.rewards, inputs.marked)
+                metrics.update(diagnostics)
+                self._weights.update(weights)
         if hasattr(self.objective, "beta"):
             shared["beta"] = float(self.objective.beta)  # after the dual step
         return self._finish(metrics, t0, updated=True, shared=shared)
@@ -235,7 +246,14 @@ class TrainStep:
         task_ids = {tid: i for i, tid in enumerate(dict.fromkeys(t.task_id for t in trajs))}
         rewards = torch.tensor([t.reward for t in trajs], device=device)
         groups = torch.tensor([task_ids[t.task_id] for t in trajs], device=device)
-        return StepInputs(trajs, s_batch, t_batch, rows, s_pos, t_pos, targets, rewards, groups)
+        marked = None
+        if self.token_marks is not None:
+            flags = torch.zeros(s_batch.action_mask.shape, device=device)
+            for b, (traj, view, _) in enumerate(views):
+                for pos in marked_positions(view, traj, self.serializer.tok, self.token_marks):
+                    flags[b, pos] = 1.0
+            marked = flags[rows, s_pos + 1]
+        return StepInputs(trajs, s_batch, t_batch, rows, s_pos, t_pos, targets, rewards, groups, marked)
 
     def _global_totals(self, inputs: StepInputs | None) -> dict[str, Any]:
         """Data-parallel: the step's token and record counts and the mean advantage over every rank ({} on one)."""
@@ -263,7 +281,7 @@ class TrainStep:
                 return idle_loss(self._idle_parameters()), {}, None, None
             with self.models.acting_student() as student:  # FSDP: the student's layers gather on every rank
                 return idle_loss([], student), {}, None, None
-        trajs, s_batch, t_batch, rows, s_pos, t_pos, targets, rewards, groups = inputs
+        trajs, s_batch, t_batch, rows, s_pos, t_pos, targets, rewards, groups, _ = inputs
         h_student = self.models.student_hidden(s_batch)[rows, s_pos]
         w_student, w_teacher = self.models.head_weights()
         teacher_inputs = TeacherInputs()

@@ -26,14 +26,21 @@ class Retriever:
         self.bank = bank
         self.k = k
         self.allow_self_retrieval = allow_self_retrieval
+        self._env_of: dict[str, str] = {}  # document -> environment, of every document returned so far
         if allow_self_retrieval:
             bank._warn_self_retrieval()
 
     def experiences(self, task: str, task_id: str) -> list[Experience]:
-        return self.bank.retrieve(task, task_id, k=self.k, allow_self_retrieval=self.allow_self_retrieval)
+        found = self.bank.retrieve(task, task_id, k=self.k, allow_self_retrieval=self.allow_self_retrieval)
+        self._env_of.update((e.document, e.env_id) for e in found)
+        return found
 
     def __call__(self, task: str, task_id: str) -> list[str]:
         return [e.document for e in self.experiences(task, task_id)]
+
+    def source_env(self, document: str) -> str | None:
+        """The environment of a document this retriever returned (None for any other text)."""
+        return self._env_of.get(document)
 
 
 class RetrievalMixin:

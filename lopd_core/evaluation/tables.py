@@ -25,6 +25,7 @@ LABELS = {
     "toolworld": "Built-in (toolworld)",
     "toolworld-compact": "Built-in (toolworld, compact prompts)",
     "toolworld-minimal": "Built-in (toolworld, minimal prompts)",
+    "toolworld-rules": "Built-in (toolworld with house rules, the positive control)",
     "envscaler": "EnvScaler",
     "bfcl": "BFCL-v3",
     "acebench": "ACEBench",

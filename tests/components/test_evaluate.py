@@ -279,3 +279,30 @@ def test_metrics_are_logged_on_the_stage_run(tmp_path: Path) -> None:
     assert {"metrics", "report.md", "refs", "config.yaml"} <= artifacts
     assert run.data.params["backbone"] == "tiny"
     pipe.end()
+
+
+def test_text_teacher_acts_with_the_tasks_solution(tmp_path: Path) -> None:
+    """teacher_eval on an OPSD checkpoint: the frozen teacher (adapters off) acts on the agent tasks with the
+    task's verified solution in front of it, reported apart; code tasks get no teacher run. An LOPD checkpoint
+    is refused with a message that says why."""
+    from lopd_core.backbone import load_backbone
+    from lopd_core.checkpoint import save_checkpoint
+    from lopd_core.config import LOPDConfig
+    from lopd_core.models import build_models
+
+    cfg = LOPDConfig(method="opsd", n_retrieved=2, n_queries=2, qformer_layers=1, encoder_max_tokens=64)
+    model, tok = load_backbone("tiny")
+    models = build_models(model, tok, cfg)
+    optimizer = torch.optim.AdamW(models.student_parameters())
+    state = {"step": 1, "backbone": "tiny", "method": "opsd", "config": cfg.model_dump(mode="json")}
+    ckpt = save_checkpoint(tmp_path / "ckpt", models, optimizer, state)
+    benchmarks = [{"name": "toolworld-rules", "sample": 2}, {"name": "humaneval", "sample": 1}]
+    result = run_eval(tiny_spec(tmp_path / "run", checkpoint=str(ckpt), benchmarks=benchmarks, teacher_eval=True))
+    assert list(result.metrics["teacher_eval"]) == ["toolworld-rules"]
+    assert result.metrics["teacher_eval"]["toolworld-rules"]["n_tasks"] == 2
+    assert "teacher with its context (diagnostic" in result.report
+    contexts = [t.get("context", "none") for t in _trajectories(result)]
+    assert contexts.count("teacher") == 2 and contexts.count("none") == 3
+    with pytest.raises(ValueError, match="needs the checkpoint of a opsd/sdft/skill_sd run, got lopd"):
+        evaluate(tiny_spec(tmp_path / "run2", checkpoint=str(_tiny_checkpoint(tmp_path / "lopd")),
+                           benchmarks=benchmarks[:1], teacher_eval=True))  # fmt: skip

@@ -1,0 +1,210 @@
+"""House rules: `toolworld-rules`, the positive control of the study (DESIGN.md §6, §9).
+
+The same environments, tasks and splits as `toolworld-minimal`, plus one hidden house rule per environment: every
+call of one of the environment's state-changing tools carries the argument `"code"` with the environment's code.
+
+* **Hidden.** No task text, system prompt, tool schema, usage example or initial state names the argument or a
+  code (tested), and a tool's observation never depends on the code: the episode takes the argument off the
+  call before the environment runs it. Only a success shows the code: in its calls and in its trace.
+* **Enforced.** The verifier adds one check per episode, `house rule of <env>`: every call of a state-changing
+  tool carried the right code. A task that breaks it scores 0 (no partial credit): a broken house rule fails
+  the task, as a transfer filed with the wrong code fails at the bank; with credit for the other checks the
+  rule would weigh a third to a half of a task's reward and RL's signal for it would shrink by as much.
+* **Shared.** Every task of an environment, in every split, obeys the same code: what one success shows carries
+  over to every other task of that environment, held-out ones included.
+* **Unknown to the warm start.** Each environment's code is one of `k` alternatives that belong to that
+  environment alone (`CODES`); the warm start's demonstrations use the alternatives uniformly at random
+  (`HouseRules.randomise`, after the demonstration verified), so it learns the rule's form, not its value.
+* **Kinds.** The code differs between environments (retrieving from the same environment matters); in four
+  environments it is one token, in the other four it spans three (a word, a space, a digit pair) in the toolworld
+  tokenizer, the same length for every alternative of an environment (tokenization does not single one out).
+* **Drawn from a seed.** `HouseRules.draw(seed, k)` picks each environment's code among its first `k`
+  alternatives. The alternatives do not depend on the seed, so one warm start serves every seed.
+
+Suite names: `toolworld-rules` (seed 0, k = 2), `toolworld-rules-s<seed>`, `toolworld-rules-k<k>`,
+`toolworld-rules-s<seed>-k<k>` (`parse_rules_name`).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from lopd_core.conversation import Message, Trajectory
+from lopd_core.envs.actions import ToolCall
+from lopd_core.envs.base import EpisodeResult, Task
+from lopd_core.envs.envscaler import EnvScalerConfig, EnvScalerEpisode, EnvScalerSuite
+from lopd_core.envs.envscaler.workers import WorkerPool
+
+RULE_ARGUMENT = "code"
+READ_PREFIXES = ("list_", "get_", "find_", "search_", "read_")  # every other tool of toolworld changes the state
+RULES_SUITE = "toolworld-rules"
+DEFAULT_K = 2
+MAX_K = 3
+# Each environment's candidate codes, disjoint between environments; none occurs as a word anywhere in the suite's
+# data (tested). One token each in the first four environments, three tokens (word, space, digit pair) in the rest.
+CODES: dict[str, tuple[str, ...]] = {
+    "toolworld_bank": ("dollar", "port", "ark"),
+    "toolworld_calendar": ("meet", "zen", "tar"),
+    "toolworld_shop": ("box", "kit", "ice"),
+    "toolworld_files": ("bed", "art", "gin"),
+    "toolworld_messaging": ("way 17", "urn 42", "ace 86"),
+    "toolworld_travel": ("mar 23", "min 58", "rid 71"),
+    "toolworld_todo": ("age 34", "hen 65", "bon 19"),
+    "toolworld_smarthome": ("rip 47", "arch 52", "bath 28"),
+}
+_NAME = re.compile(rf"^{RULES_SUITE}(?:-s(?P<seed>\d+))?(?:-k(?P<k>\d+))?$")
+_MISSING = object()
+
+
+def is_write_tool(name: str) -> bool:
+    """Whether a toolworld tool changes the environment's state (the calls the house rule applies to)."""
+    return not name.startswith(READ_PREFIXES)
+
+
+@dataclass(frozen=True)
+class HouseRule:
+    """One environment's rule: every call of a state-changing tool carries `"code": code`."""
+
+    env_id: str
+    alternatives: tuple[str, ...]
+    code: str
+
+    def check(self, codes: Sequence[Any]) -> dict[str, Any]:
+        """The verifier's check over the codes the episode's state-changing calls carried (`_MISSING` if none)."""
+        wrong = sum(1 for c in codes if c is _MISSING or c != self.code)
+        detail = "" if not wrong else f"{wrong} of {len(codes)} state-changing calls broke the house rule"
+        return {"name": f"house rule of {self.env_id}", "passed": wrong == 0, "detail": detail, "rule": True}
+
+
+@dataclass(frozen=True)
+class HouseRules:
+    """The house rules of every toolworld environment, drawn from a seed."""
+
+    seed: int
+    k: int
+    rules: dict[str, HouseRule]
+
+    @staticmethod
+    def draw(seed: int = 0, k: int = DEFAULT_K) -> HouseRules:
+        if not 2 <= k <= MAX_K:
+            raise ValueError(f"house rules: k must lie in [2, {MAX_K}] (alternatives per environment), got {k}")
+        rules = {}
+        for env_id, codes in CODES.items():
+            alternatives = codes[:k]
+            code = random.Random(f"{RULES_SUITE}|{seed}|{env_id}").choice(alternatives)
+            rules[env_id] = HouseRule(env_id, alternatives, code)
+        return HouseRules(seed, k, rules)
+
+    @property
+    def name(self) -> str:
+        return rules_suite_name(self.seed, self.k)
+
+    def follow(self, env_id: str, calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A reference solution's calls with the house rule obeyed (the code added to every state-changing call)."""
+        code = self.rules[env_id].code
+        return [
+            {**c, "arguments": {**dict(c.get("arguments") or {}), RULE_ARGUMENT: code}} if is_write_tool(c["name"])
+            else c
+            for c in calls
+        ]  # fmt: skip
+
+    def randomise(self, trajectory: Trajectory, rng: random.Random) -> Trajectory:
+        """A verified demonstration with its code replaced by an alternative drawn uniformly (one per
+        demonstration), in its actions and in its trace: what the warm start reads (DESIGN.md §9, pitfall 1:
+        verify, then randomise). The alternative may be the correct code (probability 1/k)."""
+        rule = self.rules[trajectory.env_id]
+        drawn = rng.choice(rule.alternatives)
+        old, new = _realised(rule.code), _realised(drawn)
+        messages = [
+            Message(m.role, m.content.replace(old, new), None, m.truncated) if m.role == "assistant" else m
+            for m in trajectory.messages
+        ]
+        metadata = {**trajectory.metadata, "house_code": drawn, "house_code_correct": drawn == rule.code}
+        return replace(trajectory, messages=messages, trace=trajectory.trace.replace(old, new), metadata=metadata)
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Character spans of the values of every `"code"` argument in an action text: the tokens that realise
+        the rule (whatever value the policy wrote), for the teacher diagnostics."""
+        return [(m.start(1), m.end(1)) for m in _CODE_VALUE.finditer(text)]
+
+
+_CODE_VALUE = re.compile(rf'"{RULE_ARGUMENT}"\s*:\s*"([^"]*)"')
+
+
+def _realised(code: str) -> str:
+    """How a code appears in a flat JSON call and in a trace (`format_call`: json.dumps of the arguments)."""
+    return f'"{RULE_ARGUMENT}": "{code}"'
+
+
+def rules_suite_name(seed: int = 0, k: int = DEFAULT_K) -> str:
+    return RULES_SUITE + (f"-s{seed}" if seed else "") + (f"-k{k}" if k != DEFAULT_K else "")
+
+
+def parse_rules_name(name: str) -> HouseRules | None:
+    """The house rules a suite name asks for (`toolworld-rules[-s<seed>][-k<k>]`), None for another name."""
+    match = _NAME.match(name)
+    if match is None:
+        return None
+    return HouseRules.draw(int(match["seed"] or 0), int(match["k"] or DEFAULT_K))
+
+
+class RuledEpisode(EnvScalerEpisode):
+    """A toolworld episode under a house rule: the code is taken off each call before the environment runs it
+    (its observation cannot depend on it), recorded for state-changing tools, and checked by the verifier."""
+
+    def __init__(self, *args: Any, rule: HouseRule, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rule = rule
+        self._codes: list[Any] = []  # the code each state-changing call carried (_MISSING when it had none)
+        self._ruled: EpisodeResult | None = None
+
+    def _execute(self, call: ToolCall) -> tuple[str, str]:
+        arguments = dict(call.arguments)
+        code = arguments.pop(RULE_ARGUMENT, _MISSING)
+        if call.name in self.tools and is_write_tool(call.name):
+            self._codes.append(code)
+        return super()._execute(ToolCall(call.name, arguments))
+
+    def result(self) -> EpisodeResult:
+        if self._ruled is None:
+            base = super().result()
+            check = self.rule.check(self._codes)
+            reward = base.reward if check["passed"] else 0.0
+            self._ruled = replace(base, reward=reward, checks=[*base.checks, check])
+        return self._ruled
+
+
+class RuledSuite(EnvScalerSuite):
+    """toolworld under house rules: episodes enforce them, reference solutions obey them."""
+
+    def __init__(
+        self,
+        env_items: dict[str, dict[str, Any]],
+        scenarios: dict[str, Any],
+        rules: HouseRules,
+        config: EnvScalerConfig | None = None,
+    ) -> None:
+        missing = sorted(set(env_items) - set(rules.rules))
+        if missing:
+            raise ValueError(f"house rules: no rule for environments {missing}")
+        self.rules = rules
+        super().__init__(env_items, scenarios, name=rules.name, config=config)
+
+    def scenario(self, task_id: str) -> dict[str, Any]:
+        item = super().scenario(task_id)
+        return {**item, "reference_solution": self.rules.follow(item["env_id"], item.get("reference_solution") or [])}
+
+    def episode(self, task: Task) -> RuledEpisode:
+        scenario = super().scenario(task.task_id)
+        pools: tuple[WorkerPool, WorkerPool] = self._pools
+        return RuledEpisode(
+            task, scenario, self.env_items[task.env_id], self.config, pools, rule=self.rules.rules[task.env_id]
+        )
+
+    def rule_spans(self, text: str) -> list[tuple[int, int]]:
+        """Character spans of the tokens that realise a rule in an action text (`HouseRules.spans`)."""
+        return self.rules.spans(text)
