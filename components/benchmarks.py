@@ -180,22 +180,6 @@ def latent_policy(
     return bank, make
 
 
-def solution_traces(suite: Suite, tasks: list[Task]) -> dict[str, str]:
-    """task id -> the trace of the task's reference solution replayed through its episode (verified: reward 1),
-    the form of OPSD's solutions at training time; tasks without a reference solution are left out."""
-    from lopd_core.evaluation.harness import ScriptedPolicy
-    from lopd_core.sft import reference_actions
-
-    scenario = getattr(suite, "scenario", None)
-    if scenario is None:
-        return {}
-    with_solution = [t for t in tasks if scenario(t.task_id).get("reference_solution")]
-    replays = ScriptedPolicy(lambda task: reference_actions(scenario(task.task_id)))(
-        [suite.episode(t) for t in with_solution]
-    )
-    return {r.task_id: r.trace for r in replays if r.reward >= 1.0 and not r.failed and r.trace}
-
-
 def text_teacher_policy(
     spec: EvaluateSpec, loaded: Loaded, plan: list[tuple[BenchmarkSpec, Suite, list[Task]]], store: ArtifactStore
 ) -> Callable[[BenchmarkSpec, RolloutConfig], Policy]:
@@ -207,6 +191,7 @@ def text_teacher_policy(
     from lopd_core.conversation import Message
     from lopd_core.evaluation.teacher import TextTeacherRollout
     from lopd_core.methods import build_method
+    from lopd_core.sft import reference_traces
 
     models = loaded.lopd
     method = loaded.description.get("method")
@@ -221,7 +206,7 @@ def text_teacher_policy(
     traces: dict[str, str] = {}
     for bench, suite, tasks in plan:
         if bench.kind != "code":
-            traces.update(solution_traces(suite, tasks))
+            traces.update(reference_traces(suite, tasks))
     strategy, _ = build_method(models, models.cfg, solutions=traces.get, skills=notes.get)
     if strategy.teacher_adapter is not None:
         raise ValueError(f"teacher_eval: the {method} run's teacher is an EMA of its student (teacher_sync), which "

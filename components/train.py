@@ -129,9 +129,11 @@ def train(spec: TrainSpec) -> StageResult:
     from components.memory import open_snapshot
     from lopd_core.checkpoint import load_model_tensors
     from lopd_core.distributed import init_distributed
+    from lopd_core.methods import METHODS
     from lopd_core.models import build_models
     from lopd_core.rollout import RolloutEngine
     from lopd_core.serialization import ChatSerializer
+    from lopd_core.sft import reference_traces
     from lopd_core.step import TrainStep, build_method
     from lopd_core.training import train_loop
 
@@ -151,10 +153,10 @@ def train(spec: TrainSpec) -> StageResult:
     suite = open_suite(spec.suite, spec.validation_fraction)
     tasks = _tasks(spec, suite)
     dataset = read_trajectories(store.get(spec.dataset))
-    references = {}
-    if hasattr(suite, "scenario"):
-        references = {t.task_id: suite.scenario(t.task_id).get("reference_solution") or [] for t in tasks}
-    solutions = skills.solutions(dataset, references)
+    solved = {t.task_id for t in dataset if t.reward >= 1.0 and not t.failed and t.trace}
+    # the text teachers' solutions where the model never solved a task: its reference solution, replayed (a trace)
+    unsolved = [t for t in tasks if t.task_id not in solved] if "solutions" in METHODS[cfg.method].needs else []
+    solutions = skills.solutions(dataset, reference_traces(suite, unsolved))
     notes = skills.skill_notes(dataset)
 
     run_name = f"{cfg.method}-seed{cfg.seed}"

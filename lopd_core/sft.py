@@ -63,6 +63,20 @@ def demonstrations(
     return kept, dropped
 
 
+def reference_traces(suite: Suite, tasks: Sequence[Task], answer: str = "Done.") -> dict[str, str]:
+    """task id -> the compact trace of the task's reference solution replayed through its own episode, for tasks
+    whose replay verifies (reward 1.0): the form of a successful rollout's trace (OPSD's and SDFT's solutions when
+    the model never solved a task; the text teacher's solutions in `teacher_eval`). Any split: nothing trains on
+    these tasks here."""
+    scenario = getattr(suite, "scenario", None)
+    if scenario is None:
+        return {}
+    with_solution = [t for t in tasks if scenario(t.task_id).get("reference_solution")]
+    policy = ScriptedPolicy(lambda task: reference_actions(scenario(task.task_id), answer))
+    replays = policy([suite.episode(t) for t in with_solution])
+    return {r.task_id: r.trace for r in replays if r.reward >= 1.0 and not r.failed and r.trace}
+
+
 def nll(model: PreTrainedModel, serializer: ChatSerializer, batch: Sequence[Trajectory], chunk: int = 1024) -> Any:
     """Token-weighted mean NLL of the assistant tokens (content and end-of-turn) of `batch`."""
     total, count = nll_sum(model, serializer, batch, chunk)

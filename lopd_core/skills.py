@@ -1,17 +1,15 @@
 """Privileged text for the baselines, built from the run's own trajectories (no external model).
 
-* `solutions`: task id -> a successful trajectory's compact trace (OPSD / SDFT), falling back to the suite
-  generator's reference solution when the base model never solved the task; the source is recorded.
+* `solutions`: task id -> a successful trajectory's compact trace (OPSD / SDFT), falling back to the trace of the
+  suite generator's reference solution, replayed, when the base model never solved the task; the source is recorded.
 * `skill_notes`: env id -> a short note of the workflows that succeeded and the mistakes that recurred in that
   environment (Skill-SD). The paper writes skills with an LLM; ours counts tool-call patterns instead.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 from lopd_core.conversation import Trajectory
 from lopd_core.envs.actions import parse_action
@@ -25,21 +23,19 @@ def call_names(trajectory: Trajectory) -> list[str]:
     return names
 
 
-def format_reference(calls: Sequence[Mapping[str, Any]]) -> str:
-    return "\n".join(f"{c['name']}({json.dumps(c.get('arguments', {}), sort_keys=True)})" for c in calls)
-
-
 def solutions(
-    trajectories: Iterable[Trajectory], references: Mapping[str, Sequence[Mapping[str, Any]]] | None = None
+    trajectories: Iterable[Trajectory], references: Mapping[str, str] | None = None
 ) -> dict[str, tuple[str, str]]:
-    """task id -> (solution text, source) with source "rollout" (the model's own success) or "reference"."""
+    """task id -> (solution text, source) with source "rollout" (the model's own success) or "reference" (the
+    trace of the task's reference solution replayed through its episode, `lopd_core.sft.reference_traces`: the
+    same form as a rollout's trace)."""
     out: dict[str, tuple[str, str]] = {}
     for t in trajectories:
         if t.reward >= 1.0 and not t.failed and t.trace and t.task_id not in out:
             out[t.task_id] = (t.trace, "rollout")
-    for task_id, calls in (references or {}).items():
-        if task_id not in out and calls:
-            out[task_id] = (format_reference(calls), "reference")
+    for task_id, trace in (references or {}).items():
+        if task_id not in out and trace:
+            out[task_id] = (trace, "reference")
     return out
 
 
