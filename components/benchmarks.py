@@ -153,7 +153,7 @@ def evaluate_benchmark(
 
 
 def latent_policy(
-    spec: EvaluateSpec, loaded: Loaded, tmp: Path
+    spec: EvaluateSpec, loaded: Loaded, tmp: Path, plan: list[tuple[BenchmarkSpec, Suite, list[Task]]]
 ) -> tuple[Any, Callable[[BenchmarkSpec, RolloutConfig], Policy]]:
     """The restored bank (close it after use) and a policy factory for the latent teacher."""
     from components.memory import ExperienceBank
@@ -172,7 +172,9 @@ def latent_policy(
         name = str(json.loads((path / "bank.json").read_text()).get("name") or "bank")
         ref = ArtifactRef(uri=str(path), kind="bank_snapshot", sha256=sha256_path(path), metadata={"name": name})
     bank = ExperienceBank.restore(ref, str(tmp / "bank"), name)
-    retrieve = bank.retriever(k=loaded.lopd.cfg.n_retrieved)
+    cfg = loaded.lopd.cfg
+    env_of = {t.task_id: t.env_id for _, _, tasks in plan for t in tasks}.get
+    retrieve = bank.retriever(k=cfg.n_retrieved, env_of=env_of if cfg.retrieval_scope == "environment" else None)
 
     def make(bench: BenchmarkSpec, cfg: RolloutConfig) -> Policy:
         return LatentRollout(loaded.lopd, cfg, composed_latents(loaded.lopd, retrieve))

@@ -79,7 +79,9 @@ def cold_start(spec: ColdStartSpec) -> StageResult:
         models = build_models(model, tok, spec.lopd)
         where = "cold_start" + (f"/rank{world.rank}" if world.rank else "")  # one restored copy per rank
         with open_snapshot(spec, spec.bank_snapshot, where) as bank:
-            retrieve = bank.retriever(k=spec.lopd.n_retrieved)
+            scoped = spec.lopd.retrieval_scope == "environment"
+            env_of = {t.task_id: t.env_id for t in successes}.get if scoped else None
+            retrieve = bank.retriever(k=spec.lopd.n_retrieved, env_of=env_of)
             t0 = time.time()
             losses = run_cold_start(
                 models, ChatSerializer(tok, spec.lopd.max_seq_len), successes, retrieve, spec.lopd, spec.cold,

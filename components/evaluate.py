@@ -270,9 +270,9 @@ def evaluate(spec: EvaluateSpec) -> StageResult:
             benchmarks = run_plan(plan, spec, student, "none", seconds, all_records, all_trajectories)
         if spec.latent_eval:
             with tempfile.TemporaryDirectory(prefix="lopd-eval-bank-") as tmp:
-                bank, teacher = latent_policy(spec, loaded, Path(tmp))
+                agent_plan = [p for p in plan if p[0].kind != "code"]  # the bank holds tool-use experience
+                bank, teacher = latent_policy(spec, loaded, Path(tmp), agent_plan)
                 try:
-                    agent_plan = [p for p in plan if p[0].kind != "code"]  # the bank holds tool-use experience
                     latent = run_plan(agent_plan, spec, teacher, "latent", seconds, all_records, all_trajectories)
                 finally:
                     bank.close()

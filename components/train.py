@@ -201,7 +201,8 @@ def train(spec: TrainSpec) -> StageResult:
     tracking = start_tracking(spec, "train", spec.suite, spec, resume_run_id=resume_id, **labels) if world.is_main \
         else NullRun()  # fmt: skip
     with bank_scope, tracking as run:  # MLflow from rank 0 only
-        retrieve = bank.retriever(k=cfg.n_retrieved) if bank is not None else None
+        env_of = {t.task_id: t.env_id for t in tasks}.get if cfg.retrieval_scope == "environment" else None
+        retrieve = bank.retriever(k=cfg.n_retrieved, env_of=env_of) if bank is not None else None
         strategy, objective = build_method(
             models, cfg, retrieve=retrieve,
             solutions=lambda task_id: solutions.get(task_id, (None, ""))[0],

@@ -243,8 +243,8 @@ class PipelineConfig(Model):
     backbone: str = Field("smollm2-135m", description='"tiny" | "smollm2-135m" | a local Hugging Face folder.')
     suite: str = Field(
         "toolworld",
-        description="Training suite: toolworld | toolworld-compact | toolworld-minimal | bfcl | "
-        "envscaler:ENV:TRAIN[:EVAL].",
+        description="Training suite: toolworld | toolworld-compact | toolworld-minimal | toolworld-rules[-s<seed>]"
+        "[-k<k>] (the positive control: hidden house rules) | bfcl | envscaler:ENV:TRAIN[:EVAL].",
     )
     methods: list[Method] = Field(default_factory=lambda: ["lopd"], description="Methods of the sweep.")
     seeds: list[int] = Field(default_factory=lambda: [0], description="Training seeds of the sweep.")
@@ -261,6 +261,11 @@ class PipelineConfig(Model):
         None,
         description="The warm start: supervised fine-tuning on verified demonstrations before everything else; "
         "every later stage starts from its model, and the base row of the table is this warm start. null = none.",
+    )
+    oracle: bool = Field(
+        False,
+        description="A suite with house rules (toolworld-rules): also warm-start a student on rule-following "
+        "demonstrations (sft.house_codes: correct) and score it beside the warm start: the ceiling's calibration row.",
     )
     budget: int | None = Field(
         None,
@@ -310,6 +315,10 @@ class PipelineConfig(Model):
                     f"arm {arm!r} (grpo) needs train.schedule.samples_per_task >= 2 (the group size G); "
                     f'set it in overrides, e.g. overrides: {{{arm}: {{"train.schedule.samples_per_task": 8}}}}'
                 )
+        if self.oracle and (self.sft is None or not self.suite.startswith("toolworld-rules")):
+            given = f"sft={'set' if self.sft else 'null'}, suite={self.suite!r}"
+            raise ValueError(f"oracle: the rule-following warm start needs sft and a suite with house rules "
+                             f"(toolworld-rules), got {given}")  # fmt: skip
         remote_train = self.execution.mode == "deployments" and "train" in self.execution.remote_stages
         if self.train.nodes > 1 and not remote_train:
             raise ValueError(

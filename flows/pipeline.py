@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from components.common import StageResult
 from components.tracking import Tag, Tracker, redact
 from flows.config import PipelineConfig
-from flows.report import ReportSpec, section
+from flows.report import ORACLE_LABEL, ReportSpec, section
 from flows.specs import bank_spec, cold_start_spec, collect_spec, common_fields, evaluate_spec, sft_spec, train_spec
 from flows.stages import StageContext, retry_transient, stage_key, stage_task
 from lopd_core.artifacts import ArtifactRef
@@ -192,10 +192,14 @@ def lopd_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         return done
 
     try:
-        warm = None
+        warm = oracle = None
         if cfg.sft is not None:
-            (w,) = run([("sft", "sft (warm start)", sft_spec(cfg, common))])
-            warm = w.result.artifacts["model"]
+            warm_starts = [("sft", "sft (warm start)", sft_spec(cfg, common))]
+            if cfg.oracle:  # the ceiling: a warm start on rule-following demonstrations, built beside the other
+                warm_starts.append(("sft", "sft (oracle)", sft_spec(cfg, common, oracle=True)))
+            built = run(warm_starts)
+            warm = built[0].result.artifacts["model"]
+            oracle = built[1].result.artifacts["model"] if cfg.oracle else None
         (c,) = run([("collect", "collect", collect_spec(cfg, common, warm))])
         dataset = c.result.artifacts["dataset"]
         (b,) = run([("bank", "bank", bank_spec(cfg, common, dataset))])
@@ -226,6 +230,9 @@ def lopd_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
             name = f"{cfg.backbone} (base)" if warm is None else "vanilla (sft warm start)"
             base = evaluate_spec(cfg, common, name, "base", None, None, None, warm)
             calls.append(("evaluate", "evaluate base", base))
+        if oracle is not None:
+            ceiling = evaluate_spec(cfg, common, ORACLE_LABEL, "oracle", None, None, None, oracle)
+            calls.append(("evaluate", "evaluate oracle", ceiling))
         for (a, s), t in zip(members, trained, strict=True):
             spec = evaluate_spec(cfg, common, f"{a} seed {s}", arms[a], s, t.result, b.result, warm, a, dataset)
             calls.append(("evaluate", f"evaluate {a} seed {s}", spec))

@@ -25,6 +25,8 @@ from components.tracking import Tracker, plot_runs, redact
 from lopd_core.artifacts import ArtifactRef
 
 LABEL_TAG = "lopd.label"
+ORACLE_LABEL = "oracle warm start (rule-following demonstrations)"  # the positive control's ceiling (oracle: true)
+CALIBRATION = ("base", "oracle")  # evaluation rows that are not trained arms
 ARM_TAG = "lopd.arm"  # the sweep arm: a method, or a named variant of one (ablations)
 TRAIN_RUN_TAG = "lopd.train_run_id"
 BUDGET_METRICS = ("reward_mean", "success_rate", "margin", "beta")

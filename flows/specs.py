@@ -30,7 +30,8 @@ def common_fields(cfg: PipelineConfig, parent_run_id: str, tags: dict[str, str])
     }
 
 
-def sft_spec(cfg: PipelineConfig, common: dict[str, Any]) -> SFTSpec:
+def sft_spec(cfg: PipelineConfig, common: dict[str, Any], oracle: bool = False) -> SFTSpec:
+    """The warm start; `oracle`: the same on rule-following demonstrations (the positive control's ceiling)."""
     assert cfg.sft is not None
     return SFTSpec(
         **common,
@@ -38,7 +39,7 @@ def sft_spec(cfg: PipelineConfig, common: dict[str, Any]) -> SFTSpec:
         suite=cfg.suite,
         validation_fraction=cfg.validation_fraction,
         difficulties=cfg.train.difficulties,
-        sft=cfg.sft,
+        sft=cfg.sft.model_copy(update={"house_codes": "correct"}) if oracle else cfg.sft,
         threads=cfg.threads,
         nproc=cfg.train.nproc,
     )

@@ -25,6 +25,7 @@ from prefect import flow
 
 from components.tracking import Tracker, run_series
 from flows.config import PipelineConfig, Variant
+from flows.report import CALIBRATION
 from lopd_core.evaluation.study import Band, arm_summary, final_value, generations_to_reach, seed_band
 
 STUDY_FILES = ("study.json", "study_curves.png")
@@ -140,7 +141,8 @@ def study_section(
     """Markdown and data of the study (see the module docstring); writes study_curves.png into `out_dir`."""
     agent = [b for b in dict.fromkeys(b for r in rows for b in r["benchmarks"]) if not _is_code(b)]
     base = next((r for r in rows if r["method"] == "base"), None)
-    arms = list(dict.fromkeys(r["arm"] for r in rows if r["method"] != "base"))
+    oracle = next((r for r in rows if r["method"] == "oracle"), None)
+    arms = list(dict.fromkeys(r["arm"] for r in rows if r["method"] not in CALIBRATION))
     generations = {t["run_id"]: t["final_generations"] for t in train}
     parts, data = ["## Study: arms x seeds at an equal budget\n"], {"benchmarks": {}, "arms": arms}
     for bench in agent:
@@ -151,6 +153,11 @@ def study_section(
             table["vanilla"] = _json(s)
             body.append(["vanilla (warm start)", "-", _cell(s["reward_tasks"]), "-", _cell(s["success_tasks"]), "-",
                          "0 (reference)", "0", "-"])  # fmt: skip
+        if oracle and oracle["run_id"] in episodes:  # the ceiling: a warm start that knows the house rules
+            s = arm_summary({None: read_records(episodes[oracle["run_id"]], bench)}, baseline)
+            table["oracle"] = _json(s)
+            body.append(["oracle warm start (ceiling)", "-", _cell(s["reward_tasks"]), "-", _cell(s["success_tasks"]),
+                         "-", _cell(s["delta_reward"]), "0", "-"])  # fmt: skip
         for arm in arms:
             members = [r for r in rows if r["arm"] == arm and r["run_id"] in episodes]
             if not members:

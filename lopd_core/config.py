@@ -249,6 +249,11 @@ class LOPDConfig(StrictModel):
     )
     # ---- composer (§3.2, app. A.1)
     n_retrieved: int = Field(3, ge=1, description="J: experiences retrieved from the bank per task (§3.2).")
+    retrieval_scope: Literal["bank", "environment"] = Field(
+        "bank",
+        description="Where the J experiences come from: the whole bank by similarity (the paper), or, ours, only the "
+        "task's own environment (suites whose knowledge is per environment, e.g. toolworld-rules' house codes).",
+    )
     min_bank_size: int | None = Field(
         None,
         ge=0,

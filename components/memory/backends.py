@@ -103,7 +103,9 @@ class Backend(Protocol):
 
     def optimize(self) -> None: ...  # after a batch of inserts: build or merge indexes where the engine asks
 
-    def search(self, vector: np.ndarray, k: int, exclude_task_id: str | None, exact: bool) -> list[Hit]: ...
+    def search(
+        self, vector: np.ndarray, k: int, exclude_task_id: str | None, exact: bool, env_id: str | None = None
+    ) -> list[Hit]: ...  # env_id: only entries of that environment
 
     def count(self) -> int: ...
 
@@ -213,11 +215,17 @@ class EdgeBackend:
         # threshold (about `exact_below` entries) and returns at once when there is nothing to do.
         self.shard.optimize()
 
-    def search(self, vector: np.ndarray, k: int, exclude_task_id: str | None, exact: bool) -> list[Hit]:
+    def search(
+        self, vector: np.ndarray, k: int, exclude_task_id: str | None, exact: bool, env_id: str | None = None
+    ) -> list[Hit]:
         qe = self._qe
         flt = None
-        if exclude_task_id is not None:
-            flt = qe.Filter(must_not=[qe.FieldCondition(key="task_id", match=qe.MatchValue(exclude_task_id))])
+        if exclude_task_id is not None or env_id is not None:
+            flt = qe.Filter(
+                must=[qe.FieldCondition(key="env_id", match=qe.MatchValue(env_id))] if env_id is not None else None,
+                must_not=[qe.FieldCondition(key="task_id", match=qe.MatchValue(exclude_task_id))]
+                if exclude_task_id is not None else None,
+            )  # fmt: skip
         params = qe.SearchParams(exact=exact, hnsw_ef=None if exact else self.search_settings.hnsw_ef)
         request = qe.QueryRequest(
             limit=k, query=qe.Query.Nearest(vector.tolist()), filter=flt, with_payload=True, params=params
@@ -331,12 +339,17 @@ class ClientBackend:
     def optimize(self) -> None:
         """Nothing to do: a server indexes in the background, local mode has no index."""
 
-    def search(self, vector: np.ndarray, k: int, exclude_task_id: str | None, exact: bool) -> list[Hit]:
+    def search(
+        self, vector: np.ndarray, k: int, exclude_task_id: str | None, exact: bool, env_id: str | None = None
+    ) -> list[Hit]:
         flt = None
-        if exclude_task_id is not None:
+        if exclude_task_id is not None or env_id is not None:
             flt = models.Filter(
+                must=[models.FieldCondition(key="env_id", match=models.MatchValue(value=env_id))]
+                if env_id is not None else None,
                 must_not=[models.FieldCondition(key="task_id", match=models.MatchValue(value=exclude_task_id))]
-            )
+                if exclude_task_id is not None else None,
+            )  # fmt: skip
         params = None
         if self.kind == "server":  # local mode is always exact and warns about search params
             params = models.SearchParams(exact=exact, hnsw_ef=None if exact else self.search_settings.hnsw_ef)

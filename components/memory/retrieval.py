@@ -4,6 +4,7 @@ exact or HNSW search by measured recall, and `Retriever`, the callable the train
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,16 +23,27 @@ logger = logging.getLogger(__name__)
 class Retriever:
     """The callable the train step consumes: `(task, task_id) -> list[str]` of retrieved documents."""
 
-    def __init__(self, bank: ExperienceBank, k: int = 3, allow_self_retrieval: bool = False) -> None:
+    def __init__(
+        self,
+        bank: ExperienceBank,
+        k: int = 3,
+        allow_self_retrieval: bool = False,
+        env_of: Callable[[str], str | None] | None = None,
+    ) -> None:
+        """`env_of` (task id -> its environment): retrieve only from the query task's own environment (LOPD's
+        `retrieval_scope: environment`); a task it does not know searches the whole bank."""
         self.bank = bank
         self.k = k
         self.allow_self_retrieval = allow_self_retrieval
+        self.env_of = env_of
         self._env_of: dict[str, str] = {}  # document -> environment, of every document returned so far
         if allow_self_retrieval:
             bank._warn_self_retrieval()
 
     def experiences(self, task: str, task_id: str) -> list[Experience]:
-        found = self.bank.retrieve(task, task_id, k=self.k, allow_self_retrieval=self.allow_self_retrieval)
+        env_id = self.env_of(task_id) if self.env_of is not None else None
+        found = self.bank.retrieve(task, task_id, k=self.k, allow_self_retrieval=self.allow_self_retrieval,
+                                   env_id=env_id)  # fmt: skip
         self._env_of.update((e.document, e.env_id) for e in found)
         return found
 
@@ -74,8 +86,11 @@ class RetrievalMixin:
             self._query_cache[task] = vector
         return vector
 
-    def retrieve(self, task: str, task_id: str, k: int = 3, *, allow_self_retrieval: bool = False) -> list[Experience]:
-        """Top-k entries by inner product, best first, never from `task_id` (unless self-retrieval is allowed)."""
+    def retrieve(
+        self, task: str, task_id: str, k: int = 3, *, allow_self_retrieval: bool = False, env_id: str | None = None
+    ) -> list[Experience]:
+        """Top-k entries by inner product, best first, never from `task_id` (unless self-retrieval is allowed);
+        with `env_id`, only entries of that environment."""
         if not isinstance(task_id, str) or not task_id:
             raise ValueError("retrieve needs the query's task_id (a non-empty str) to exclude its own entries")
         if allow_self_retrieval:
@@ -87,6 +102,7 @@ class RetrievalMixin:
             k + TIE_MARGIN,
             exclude_task_id=None if allow_self_retrieval else task_id,
             exact=self._exact(),
+            env_id=env_id,
         )
         # Equal scores come back in storage order, which differs between engines and after a restore:
         # order ties by point id so the same bank content always gives the same top k.
@@ -112,5 +128,7 @@ class RetrievalMixin:
             )
         return settings.use_exact(self._count, self._hnsw_recall)
 
-    def retriever(self, k: int = 3, *, allow_self_retrieval: bool = False) -> Retriever:
-        return Retriever(self, k=k, allow_self_retrieval=allow_self_retrieval)
+    def retriever(
+        self, k: int = 3, *, allow_self_retrieval: bool = False, env_of: Callable[[str], str | None] | None = None
+    ) -> Retriever:
+        return Retriever(self, k=k, allow_self_retrieval=allow_self_retrieval, env_of=env_of)

@@ -304,6 +304,25 @@ def test_retriever_callable_returns_documents(banks):
         bank.retrieve("x", "")
 
 
+def test_retrieval_within_the_tasks_environment(banks):
+    """`env_of` (LOPD's retrieval_scope: environment): only the query task's environment, even when another
+    environment's entries are closer; a task it does not know searches the whole bank."""
+    bank = banks.open()
+    near = [Experience(tid, "toolworld_travel", "train", task, f"act({tid}) -> ok", 1.0) for tid, task in FLIGHTS]
+    far = [Experience(f"m{i}", "toolworld_messaging", "train", f"Send note {i} to Ana", "send() -> ok", 1.0)
+           for i in range(3)]  # fmt: skip
+    bank.add(near + far)
+    envs = {"q-messaging": "toolworld_messaging", "q-travel": "toolworld_travel"}
+    retrieve = bank.retriever(k=2, env_of=envs.get)
+    query = FLIGHTS[0][1]  # a flight task: the travel entries are the nearest
+    assert {e.env_id for e in retrieve.experiences(query, "q-messaging")} == {"toolworld_messaging"}
+    assert {e.env_id for e in retrieve.experiences(query, "q-travel")} == {"toolworld_travel"}
+    assert {e.env_id for e in retrieve.experiences(query, "unknown")} == {"toolworld_travel"}
+    docs = retrieve(query, "q-messaging")
+    assert [retrieve.source_env(d) for d in docs] == ["toolworld_messaging"] * 2  # the diagnostic's lookup
+    assert retrieve.source_env("a text it never returned") is None
+
+
 # -- snapshots -----------------------------------------------------------------------------------------
 
 QUERIES = [(tid, task) for tid, task in FLIGHTS] + [("new", "Reserve a table for two in Rome")]
