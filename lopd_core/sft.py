@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -35,7 +35,7 @@ from lopd_core.envs.base import Suite, Task
 from lopd_core.evaluation.harness import ScriptedPolicy
 from lopd_core.loss_head import token_logprobs
 from lopd_core.methods import privileged_text, solution_text
-from lopd_core.serialization import ChatSerializer
+from lopd_core.serialization import ChatSerializer, TokenView
 
 
 def reference_actions(scenario: dict[str, Any], answer: str = "Done.", style: str = "flat") -> list[str]:
@@ -84,10 +84,15 @@ def nll(model: PreTrainedModel, serializer: ChatSerializer, batch: Sequence[Traj
 
 
 def nll_sum(
-    model: PreTrainedModel, serializer: ChatSerializer, batch: Sequence[Trajectory], chunk: int = 1024
+    model: PreTrainedModel,
+    serializer: ChatSerializer,
+    batch: Sequence[Trajectory],
+    chunk: int = 1024,
+    views: Mapping[int, TokenView] | None = None,
 ) -> tuple[Any, int]:
-    """The summed NLL of the assistant tokens (content and end-of-turn) of `batch`, and how many there are."""
-    views = serializer.collate([serializer.student_view(t) for t in batch])
+    """The summed NLL of the assistant tokens (content and end-of-turn) of `batch`, and how many there are.
+    `views` (optional): each trajectory's student view by `id()`, tokenised once for a whole training run."""
+    views = serializer.collate([views[id(t)] if views else serializer.student_view(t) for t in batch])
     rows, cols = views.action_mask.nonzero(as_tuple=True)
     device = model.device
     hidden = model.model(
@@ -185,12 +190,13 @@ def sft(
         raise ValueError(f"sft.batch_size={cfg.batch_size} is below the world size {world.world_size}: "
                          "every rank needs a demonstration per step")  # fmt: skip
     serializer = ChatSerializer(tokenizer, max_seq_len)
-    over = [d.task_id for d in demos if serializer.is_overlength(serializer.student_view(d))]
+    views = {id(d): serializer.student_view(d) for d in demos}  # tokenised once (a tenth of a step's time)
+    over = [d.task_id for d in demos if serializer.is_overlength(views[id(d)])]
     if over:
         raise ValueError(f"{len(over)} demonstrations exceed max_seq_len={max_seq_len}: {over[:3]}")
     model.requires_grad_(True)
     copy_rng = torch.Generator().manual_seed(cfg.seed)
-    loss_of = _SFTLoss(model, serializer, cfg, copy_rng, world)
+    loss_of = _SFTLoss(model, serializer, cfg, copy_rng, world, views)
     # several ranks: FSDP2 shards every weight, one unit per decoder layer (cfg.data_parallel), or DDP replicates
     units = decoder_layers(model) if cfg.data_parallel != "ddp" and world.active else None
     forward = world.wrap(loss_of, shard_units=units)
@@ -200,7 +206,7 @@ def sft(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr
     )
     rng = random.Random(cfg.seed)
-    lengths = {id(d): len(serializer.student_view(d)) for d in demos}
+    lengths = {key: len(view) for key, view in views.items()}
     batches: list[list[Trajectory]] = []
     losses = []
     model.train()
@@ -234,13 +240,15 @@ class _SFTLoss(torch.nn.Module):
         cfg: SFTConfig,
         copy_rng: torch.Generator,
         world: World,
+        views: Mapping[int, TokenView],
     ) -> None:
         super().__init__()
         self.model, self.serializer, self.cfg, self.copy_rng, self.world = model, serializer, cfg, copy_rng, world
+        self.views = views
 
     def forward(self, batch: Sequence[Trajectory]) -> torch.Tensor:
         if batch:
-            total, count = nll_sum(self.model, self.serializer, batch)
+            total, count = nll_sum(self.model, self.serializer, batch, views=self.views)
         else:  # a batch's tail shorter than the world: a zero that still reaches every weight, as DDP expects
             total, count = idle_loss(list(self.model.parameters()), self.model if is_sharded(self) else None), 0
         loss = total / float(self.world.sum(float(count)))

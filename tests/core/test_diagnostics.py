@@ -72,7 +72,7 @@ def _trajectory(task_id: str, code: str, reward: float) -> Trajectory:
 def test_marked_positions_cover_exactly_the_code_value(tiny):
     _, tok = tiny
     serializer = ChatSerializer(tok)
-    traj = _trajectory("t0", "way 17", 1.0)
+    traj = _trajectory("t0", "G-way 17", 1.0)
     view = serializer.student_view(traj)
     positions = marked_positions(view, traj, tok, RULES.spans)
     assert positions and all(view.action_mask[p] == 1 for p in positions)

@@ -16,6 +16,7 @@ from lopd_core.backbone import _tiny_tokenizer, _toolworld_corpus
 from lopd_core.envs.base import WithValidation
 from lopd_core.envs.toolworld import DATA_DIR, ENV_FILE, SPLIT_FILES, is_toolworld, open_toolworld
 from lopd_core.envs.toolworld.rules import (
+    CODE_PREFIX,
     CODES,
     RULE_ARGUMENT,
     HouseRules,
@@ -29,6 +30,7 @@ from lopd_core.evaluation.harness import ScriptedPolicy
 from lopd_core.sft import demonstrations, reference_actions
 
 ALTERNATIVES = [code for codes in CODES.values() for code in codes]
+VALUES = [code.removeprefix(CODE_PREFIX) for code in ALTERNATIVES]
 SAMPLE = 6  # tasks per environment, split and level (1, 2) in the episode tests
 
 
@@ -56,6 +58,11 @@ def _words(text: str, needle: str) -> bool:
     return re.search(rf"(?<![A-Za-z0-9_]){re.escape(needle)}(?![A-Za-z0-9_])", text) is not None
 
 
+def _prefixed(text: str) -> bool:
+    """Whether the code prefix starts a word of `text` (inside MSG-21 it is no prefix: MSG- is one token)."""
+    return re.search(rf"(?<![A-Za-z]){re.escape(CODE_PREFIX)}", text) is not None
+
+
 def _play(suite, tasks, actions):
     return ScriptedPolicy(actions)([suite.episode(t) for t in tasks])
 
@@ -80,9 +87,10 @@ def test_no_prompt_task_schema_example_or_state_names_the_rule(suite):
             visible += [m.content for m in episode.initial_messages()]
             episode.close()
     text = "\n".join(visible)
-    for code in ALTERNATIVES:
-        assert not _words(text, code), f"the code {code!r} appears in what the policy sees"
-        assert not _words(text, code.split()[0]), f"the word {code.split()[0]!r} appears in what the policy sees"
+    assert not _prefixed(text)  # no id of the data is written with the code's prefix
+    for value in VALUES:
+        assert not _words(text, value), f"the code {value!r} appears in what the policy sees"
+        assert not _words(text, value.split()[0]), f"the word {value.split()[0]!r} appears in what the policy sees"
     assert f'"{RULE_ARGUMENT}"' not in text  # no schema, example or state has a "code" field
     assert not any(RULE_ARGUMENT in t["function"]["parameters"]["properties"]
                    for item in json.loads(data[0]).values() for t in item["tools"])  # fmt: skip
@@ -101,7 +109,8 @@ def test_observations_do_not_depend_on_the_code(suite):
         assert r.checks[:-1] == w.checks[:-1] and all(c["passed"] for c in r.checks)
         assert not w.checks[-1]["passed"] and w.checks[-1]["rule"]
         for code in CODES[r.env_id]:  # the feedback that SDPO's teacher reads names no code
-            assert not _words(w.checks[-1]["detail"], code) and not _words(w.checks[-1]["name"], code)
+            value = code.removeprefix(CODE_PREFIX)
+            assert not _words(w.checks[-1]["detail"], value) and not _words(w.checks[-1]["name"], value)
 
 
 def _other(suite, env_id: str) -> str:
@@ -223,12 +232,16 @@ def test_the_tokenizer_gives_no_alternative_away():
     corpus = "\n".join(_toolworld_corpus())
     tok = _tiny_tokenizer(1024, 0, "toolworld")
     lengths = {}
+    prefix = tok.tokenize(CODE_PREFIX)
+    assert len(prefix) == 1 and not _prefixed(corpus)  # one token, which no id of the data uses
     for env_id, codes in CODES.items():
         sizes = {len(tok.tokenize(f'"{RULE_ARGUMENT}": "{c}"')) for c in codes}
         assert len(sizes) == 1, (env_id, codes)
-        lengths[env_id] = len(tok.tokenize(codes[0]))
+        assert all(tok.tokenize(c)[0] == prefix[0] for c in codes)  # the code is tokenised like an id
+        lengths[env_id] = len(tok.tokenize(codes[0])) - 1
         for code in codes:
-            assert not _words(corpus, code) and not _words(corpus, code.split()[0])
+            value = code.removeprefix(CODE_PREFIX)
+            assert not _words(corpus, value) and not _words(corpus, value.split()[0])
     assert min(lengths.values()) == 1 and max(lengths.values()) > 1  # one-token and multi-token rules
 
 
@@ -237,7 +250,7 @@ def test_the_tokenizer_gives_no_alternative_away():
 
 def test_rules_differ_between_environments_and_are_drawn_from_a_seed():
     assert len(set(ALTERNATIVES)) == len(ALTERNATIVES)  # disjoint: each environment its own codes
-    assert len({c.split()[0] for c in ALTERNATIVES}) == len(ALTERNATIVES)
+    assert len({v.split()[0] for v in VALUES}) == len(VALUES)  # the first token decides
     draws = {seed: HouseRules.draw(seed) for seed in range(6)}
     assert HouseRules.draw(3) == draws[3]
     codes = {seed: tuple(r.code for r in rules.rules.values()) for seed, rules in draws.items()}
@@ -264,9 +277,9 @@ def test_suite_names():
 
 def test_spans_find_the_code_values():
     rules = HouseRules.draw(0)
-    action = '{"tool": "transfer", "amount": 5, "code": "way 17"}'
+    action = '{"tool": "transfer", "amount": 5, "code": "G-way 17"}'
     ((start, end),) = rules.spans(action)
-    assert action[start:end] == "way 17"
+    assert action[start:end] == "way 17"  # the part that differs between the alternatives
     assert rules.spans('{"tool": "get_balance", "account_id": "ACC-1"}') == []
     two = '{"code": "a"} {"code":"bb"}'
     assert [two[s:e] for s, e in rules.spans(two)] == ["a", "bb"]

@@ -15,9 +15,10 @@ call of one of the environment's state-changing tools carries the argument `"cod
 * **Unknown to the warm start.** Each environment's code is one of `k` alternatives that belong to that
   environment alone (`CODES`); the warm start's demonstrations use the alternatives uniformly at random
   (`HouseRules.randomise`, after the demonstration verified), so it learns the rule's form, not its value.
-* **Kinds.** The code differs between environments (retrieving from the same environment matters); in four
-  environments it is one token, in the other four it spans three (a word, a space, a digit pair) in the toolworld
-  tokenizer, the same length for every alternative of an environment (tokenization does not single one out).
+* **Kinds.** The code differs between environments (retrieving from the same environment matters); it is written
+  like an id, a prefix token then the value (`G-port`); the value is one token in four environments and spans three
+  (a word, a space, a digit pair) in the other four, the same length for every alternative of an environment in the
+  toolworld tokenizer (tokenization does not single one out).
 * **Drawn from a seed.** `HouseRules.draw(seed, k)` picks each environment's code among its first `k`
   alternatives. The alternatives do not depend on the seed, so one warm start serves every seed.
 
@@ -44,17 +45,27 @@ READ_PREFIXES = ("list_", "get_", "find_", "search_", "read_")  # every other to
 RULES_SUITE = "toolworld-rules"
 DEFAULT_K = 2
 MAX_K = 3
-# Each environment's candidate codes, disjoint between environments; none occurs as a word anywhere in the suite's
-# data (tested). One token each in the first four environments, three tokens (word, space, digit pair) in the rest.
+# A code is written like an id: a prefix token, then the value (`G-port`, as `ACC-9337`). The prefix is the same for
+# every code (it carries nothing); it lets a small model find the value in its context (a teacher's privileged
+# solution, a retrieved success) the way it finds an id: by what followed the same prefix there. Without it the value
+# follows an opening quote, which opens every string, and a 1M teacher did not copy it from a solution it was shown
+# (docs/study.md, "The positive control"). `G-` is a token of the toolworld tokenizer that no id uses.
+CODE_PREFIX = "G-"
+# Each environment's candidate codes, disjoint between environments; no value occurs as a word anywhere in the
+# suite's data (tested). The value is one token in the first four environments, three (word, space, digit pair) in
+# the rest.
 CODES: dict[str, tuple[str, ...]] = {
-    "toolworld_bank": ("dollar", "port", "ark"),
-    "toolworld_calendar": ("meet", "zen", "tar"),
-    "toolworld_shop": ("box", "kit", "ice"),
-    "toolworld_files": ("bed", "art", "gin"),
-    "toolworld_messaging": ("way 17", "urn 42", "ace 86"),
-    "toolworld_travel": ("mar 23", "min 58", "rid 71"),
-    "toolworld_todo": ("age 34", "hen 65", "bon 19"),
-    "toolworld_smarthome": ("rip 47", "arch 52", "bath 28"),
+    env_id: tuple(CODE_PREFIX + value for value in values)
+    for env_id, values in {
+        "toolworld_bank": ("dollar", "port", "ark"),
+        "toolworld_calendar": ("meet", "zen", "tar"),
+        "toolworld_shop": ("box", "kit", "ice"),
+        "toolworld_files": ("bed", "art", "gin"),
+        "toolworld_messaging": ("way 17", "urn 42", "ace 86"),
+        "toolworld_travel": ("mar 23", "min 58", "rid 71"),
+        "toolworld_todo": ("age 34", "hen 65", "bon 19"),
+        "toolworld_smarthome": ("rip 47", "arch 52", "bath 28"),
+    }.items()
 }
 _NAME = re.compile(rf"^{RULES_SUITE}(?:-s(?P<seed>\d+))?(?:-k(?P<k>\d+))?$")
 _MISSING = object()
@@ -127,12 +138,13 @@ class HouseRules:
         return replace(trajectory, messages=messages, trace=trajectory.trace.replace(old, new), metadata=metadata)
 
     def spans(self, text: str) -> list[tuple[int, int]]:
-        """Character spans of the values of every `"code"` argument in an action text: the tokens that realise
-        the rule (whatever value the policy wrote), for the teacher diagnostics."""
+        """Character spans of the values of every `"code"` argument in an action text, after the code prefix when
+        it is there: the tokens that choose among the alternatives (whatever value the policy wrote), for the
+        teacher diagnostics."""
         return [(m.start(1), m.end(1)) for m in _CODE_VALUE.finditer(text)]
 
 
-_CODE_VALUE = re.compile(rf'"{RULE_ARGUMENT}"\s*:\s*"([^"]*)"')
+_CODE_VALUE = re.compile(rf'"{RULE_ARGUMENT}"\s*:\s*"(?:{re.escape(CODE_PREFIX)})?([^"]*)"')
 
 
 def _realised(code: str) -> str:
