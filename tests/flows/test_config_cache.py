@@ -24,7 +24,7 @@ def ref(sha: str = SHA, uri: str = "/store/dataset/x/trajectories.jsonl", **meta
     return ArtifactRef(uri=uri, kind="dataset", sha256=sha, metadata=dict(meta))
 
 
-@pytest.mark.parametrize("name", ["tiny", "demo", "paper"])
+@pytest.mark.parametrize("name", ["tiny", "demo", "demo-smollm2", "study-cpu", "study-rules", "paper"])
 def test_presets_load(name):
     cfg = load_config(ROOT / "configs" / f"{name}.yaml")
     assert cfg.methods and cfg.seeds
