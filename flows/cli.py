@@ -62,6 +62,8 @@ def print_summary(summary: dict[str, Any], elapsed: float | None = None) -> None
     echo = typer.echo
     echo("")
     echo(summary.get("evaluation") or "(no evaluation table)")
+    if summary.get("study"):  # a warm start or an equal budget: each arm against the warm start, paired per task
+        echo("\n" + summary["study"] + "\n")
     stages = summary.get("stages", [])
     cached = [s["label"] for s in stages if s["cached"]]
     echo(

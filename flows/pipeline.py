@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from components.common import StageResult
 from components.tracking import Tag, Tracker, redact
 from flows.config import PipelineConfig
-from flows.report import ORACLE_LABEL, ReportSpec, section
+from flows.report import ORACLE_LABEL, ReportSpec, section, study_tables
 from flows.specs import bank_spec, cold_start_spec, collect_spec, common_fields, evaluate_spec, sft_spec, train_spec
 from flows.stages import StageContext, retry_transient, stage_key, stage_task
 from lopd_core.artifacts import ArtifactRef
@@ -339,6 +339,7 @@ def publish(
         "flow_run_url": flow_run_url,
         "report": str(report_dir / "report.md"),
         "evaluation": section(text, "Evaluation"),
+        "study": study_tables(text),
         "stages": [
             {
                 "stage": o.stage,

@@ -216,6 +216,13 @@ def section(markdown: str, heading: str) -> str:
     return f"## {heading}" + markdown.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
 
 
+def study_tables(markdown: str) -> str:
+    """A study report's tables against the warm start (one per agent benchmark, with the paired Δ and its interval),
+    without the curves and diagnostics that follow them; "" for a report without a study."""
+    study = section(markdown, "Study: arms x seeds at an equal budget")
+    return study.split("\n### Teacher diagnostics", 1)[0].split("\n### Training reward", 1)[0].strip()
+
+
 def render_markdown(
     title: str,
     rows: list[dict[str, Any]],
