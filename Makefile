@@ -43,8 +43,9 @@ bwrap:
 		{ apt-get update -q && apt-get install -y -q bubblewrap; }; }; } || \
 		{ echo "the sandbox needs bubblewrap: run 'apt-get install -y bubblewrap' as root" >&2; exit 1; }
 
-# The main job: the whole DAG (collect -> bank -> cold-start -> LOPD train -> evaluate -> report) on embedded
-# defaults (Prefect's ephemeral API, embedded Qdrant, MLflow sqlite store) with SmolLM2-135M-Instruct on CPU.
+# The main job: the whole DAG (sft -> collect -> bank -> GRPO train -> evaluate -> report) on embedded defaults
+# (Prefect's ephemeral API, embedded Qdrant, MLflow sqlite store) on the positive control, toolworld-rules: a warm
+# start built here, then a trained student that beats it on held-out tasks (~5 min; configs/demo.yaml).
 demo: venv
 	$(PY) -m flows.cli run configs/demo.yaml
 
@@ -66,9 +67,9 @@ test: venv lint
 test-slow: venv
 	$(PY) -m pytest -q -m "slow and not learning"
 
-# The learning-regression test (tests/flows/test_learning.py): short GRPO and LOPD runs from the study's warm
-# start must raise the reward of their training tasks (LOPD's part is a strict xfail today). Builds the warm
-# start into ~/.cache/lopd when missing (~15 min on one core), then ~8 min. CI runs it.
+# The learning-regression test (tests/flows/test_learning.py): short GRPO and LOPD runs from a warm start on the
+# positive control (configs/study-rules.yaml at difficulty 1) must raise the held-out reward. Builds the warm start
+# into ~/.cache/lopd when missing (~4 min with both cores), then a few minutes. CI runs it.
 test-learning: venv
 	$(PY) -m pytest -q -s -m learning
 
