@@ -78,7 +78,7 @@ class BenchmarkSpec(_Spec):
     """One benchmark to run. A bare string in `benchmarks` means {name: <string>}."""
 
     name: BenchmarkName | RulesBenchmark = Field(
-        description="The benchmark: an agent suite (toolworld-rules[-s<seed>][-k<k>]: the positive control) or a code "
+        description="The benchmark: an agent suite (toolworld-rules[-sSEED][-kK]: the positive control) or a code "
         "benchmark."
     )
     key: str | None = Field(None, description="Name in metrics and tables (default: name), e.g. livecodebench_v6.")

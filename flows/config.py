@@ -243,8 +243,8 @@ class PipelineConfig(Model):
     backbone: str = Field("smollm2-135m", description='"tiny" | "smollm2-135m" | a local Hugging Face folder.')
     suite: str = Field(
         "toolworld",
-        description="Training suite: toolworld | toolworld-compact | toolworld-minimal | toolworld-rules[-s<seed>]"
-        "[-k<k>] (the positive control: hidden house rules) | bfcl | envscaler:ENV:TRAIN[:EVAL].",
+        description="Training suite: toolworld | toolworld-compact | toolworld-minimal | toolworld-rules[-sSEED][-kK]"
+        " (the positive control: hidden house rules) | bfcl | envscaler:ENV:TRAIN[:EVAL].",
     )
     methods: list[Method] = Field(default_factory=lambda: ["lopd"], description="Methods of the sweep.")
     seeds: list[int] = Field(default_factory=lambda: [0], description="Training seeds of the sweep.")
@@ -286,7 +286,7 @@ class PipelineConfig(Model):
         description="The method's hyperparameters (lopd_core.config.LOPDConfig, the paper's defaults) for every arm; "
         "the sweep sets the method and the seed of each member.",
     )
-    collect: CollectParams = Field(CollectParams(), description=CollectParams.__doc__)
+    collect: CollectParams = Field(CollectParams(), description=CollectParams.__doc__, json_schema_extra=FOLDED)
     bank: BankParams = Field(BankParams(), description=BankParams.__doc__)
     cold_start: ColdStartConfig = Field(
         ColdStartConfig(), description="Composer cold-start (app. A.2), LOPD only.", json_schema_extra=FOLDED
