@@ -9,6 +9,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Prefect's test servers would otherwise send telemetry off the machine (tests talk only to 127.0.0.1)
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 torch.set_num_threads(1)
 
 
