@@ -75,7 +75,7 @@ class StageResult(Model):
 
 def open_suite(name: str, validation_fraction: float = 0.0) -> Suite:
     """A task suite by name: "toolworld" (built in; "toolworld-compact" / "toolworld-minimal": the same tasks
-    with compact prompts / the environment's id only, for small students; "toolworld-rules[-s<seed>][-k<k>]":
+    with compact prompts / the environment's id only, for small students; "toolworld-rules[-s<seed>][-k<k>][-digits]":
     toolworld-minimal plus hidden house rules, the positive control), "bfcl" (BFCL-v3 multi-turn), or
     "envscaler:<env_metadata.json>:<train_scenarios.json>[:<eval_scenarios.json>]" for EnvScaler files.
 

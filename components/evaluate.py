@@ -55,7 +55,7 @@ BenchmarkName = Literal[
 ]
 BENCHMARK_NAMES: tuple[str, ...] = BenchmarkName.__args__
 # toolworld-rules, the positive control (lopd_core.envs.toolworld.rules): its seed and k in the name
-RulesBenchmark = Annotated[str, Field(pattern=r"^toolworld-rules(-s\d+)?(-k\d+)?$")]
+RulesBenchmark = Annotated[str, Field(pattern=r"^toolworld-rules(-s\d+)?(-k\d+)?(-digits)?$")]
 FILE_BENCHMARKS = ("humaneval_plus", "mbpp_plus", "livecodebench", "envscaler")
 KIND = {
     "toolworld": "agent", "toolworld-compact": "agent", "toolworld-minimal": "agent", "envscaler": "agent",
@@ -78,8 +78,8 @@ class BenchmarkSpec(_Spec):
     """One benchmark to run. A bare string in `benchmarks` means {name: <string>}."""
 
     name: BenchmarkName | RulesBenchmark = Field(
-        description="The benchmark: an agent suite (toolworld-rules[-sSEED][-kK]: the positive control) or a code "
-        "benchmark."
+        description="The benchmark: an agent suite (toolworld-rules[-sSEED][-kK][-digits]: the positive control) or "
+        "a code benchmark."
     )
     key: str | None = Field(None, description="Name in metrics and tables (default: name), e.g. livecodebench_v6.")
     sample: int | None = Field(

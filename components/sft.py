@@ -108,7 +108,13 @@ def run_sft(spec: SFTSpec) -> StageResult:
     if rules is not None and cfg.house_codes == "uniform":
         rng = random.Random(cfg.seed + 2)
         demos = [rules.randomise(d, rng) for d in demos]
-    demos = demos + privileged_copies(demos, cfg.privileged_fraction, cfg.seed)
+    recode = None
+    if cfg.privileged_codes == "pool":  # only reading the shown solution predicts the code
+        if rules is None:
+            raise ValueError(f"sft.privileged_codes: pool draws house codes, and suite {spec.suite!r} has no house "
+                             "rules: use a toolworld-rules suite, or privileged_codes: own")  # fmt: skip
+        recode = lambda d, rng: rules.recode(d, rng.choice(rules.pool))  # noqa: E731
+    demos = demos + privileged_copies(demos, cfg.privileged_fraction, cfg.seed, recode)
     if not demos:
         raise ValueError(
             f"no verified demonstrations in suite {spec.suite!r} (do its scenarios have reference solutions?)"

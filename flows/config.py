@@ -243,8 +243,9 @@ class PipelineConfig(Model):
     backbone: str = Field("smollm2-135m", description='"tiny" | "smollm2-135m" | a local Hugging Face folder.')
     suite: str = Field(
         "toolworld",
-        description="Training suite: toolworld | toolworld-compact | toolworld-minimal | toolworld-rules[-sSEED][-kK]"
-        " (the positive control: hidden house rules) | bfcl | envscaler:ENV:TRAIN[:EVAL].",
+        description="Training suite: toolworld | toolworld-compact | toolworld-minimal | "
+        "toolworld-rules[-sSEED][-kK][-digits] (the positive control: hidden house rules) | bfcl | "
+        "envscaler:ENV:TRAIN[:EVAL].",
     )
     methods: list[Method] = Field(default_factory=lambda: ["lopd"], description="Methods of the sweep.")
     seeds: list[int] = Field(default_factory=lambda: [0], description="Training seeds of the sweep.")

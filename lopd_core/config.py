@@ -226,6 +226,14 @@ class SFTConfig(StrictModel):
         description="Ours: this share of the demonstrations is added again with its own solution "
         "in front of the task, as the text-context teachers (OPSD) read it, so a teacher with context has seen one.",
     )
+    privileged_codes: Literal["own", "pool"] = Field(
+        "own",
+        description="Ours, a suite with house rules: the code a privileged copy (privileged_fraction) shows in its "
+        "solution and writes in its calls: its demonstration's own (one of the environment's k alternatives, so "
+        "copying it is worth ln k nats), or one drawn per copy from every environment's codes (24), so that reading "
+        "the solution is the only way to predict it: a small student then learns to read a code from its context, "
+        "which OPSD's teacher needs (docs/study.md). Neither shows which alternative holds.",
+    )
     house_codes: Literal["uniform", "correct"] = Field(
         "uniform",
         description="A suite with house rules (toolworld-rules): each demonstration, once verified, writes the code "
@@ -239,6 +247,13 @@ class SFTConfig(StrictModel):
         "every weight).",
     )
     seed: int = Field(0, description="Seed of the demonstration sample and the data order.")
+
+    @model_validator(mode="after")
+    def _pool_needs_copies(self) -> SFTConfig:
+        if self.privileged_codes == "pool" and self.privileged_fraction <= 0:
+            raise ValueError("sft.privileged_codes: pool recodes the privileged copies, and there are none: set "
+                             "sft.privileged_fraction > 0 (e.g. 0.5)")  # fmt: skip
+        return self
 
 
 class LOPDConfig(StrictModel):

@@ -18,12 +18,14 @@ student's sampled tokens (eq. 11), which the loss head computes anyway:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from lopd_core.conversation import Trajectory
-from lopd_core.serialization import TokenView
+from lopd_core.serialization import ChatSerializer, TokenView
 
 TokenMarks = Callable[[str], list[tuple[int, int]]]  # an action's text -> character spans of the marked tokens
 
@@ -95,3 +97,38 @@ def teacher_diagnostics(
         metrics["order_auc"] = auc
         weights["order_auc"] = float(len(sequence))
     return metrics, weights
+
+
+def copy_probe(
+    model: Any, serializer: ChatSerializer, rules: Any, demos: Sequence[Trajectory]
+) -> dict[str, float | int]:
+    """OPSD's precondition on a suite with house rules: does a teacher read the code that the solution in its
+    context shows? For every verified demonstration `d` (its calls obey the rule) and every alternative `shown` of
+    its environment, the teacher's view of `d` with a solution showing `shown` in front (`with_privileged_solution`)
+    is scored once per alternative `written` that its own calls could write; P(shown) = the softmax over `written`
+    of those sequence log-probabilities, taken at `written = shown` (the calls differ only in the code's tokens).
+    Returns `p_shown`, the mean of P(shown) over every (demonstration, shown) pair: exactly 1/k for a teacher that
+    ignores its context (its P(written) does not depend on `shown`, and sums to 1 over the k alternatives), 1 for
+    one that copies; the same mean over right and over wrong shown codes (a context-blind teacher that prefers the
+    right code scores high on the first and low on the second); and how many demonstrations were probed."""
+    from lopd_core.sft import nll_sum, with_privileged_solution  # sft imports the loss head; keep this one light
+
+    right, wrong = [], []
+    with torch.no_grad():
+        for d in demos:
+            rule = rules.rules[d.env_id]
+            for shown in rule.alternatives:
+                solution = rules.recode(d, shown).trace
+                views = [
+                    with_privileged_solution(replace(rules.recode(d, w), trace=solution)) for w in rule.alternatives
+                ]
+                logp = torch.stack([-nll_sum(model, serializer, [v])[0].double() for v in views])
+                p = torch.softmax(logp, 0)[rule.alternatives.index(shown)].item()
+                (right if shown == rule.code else wrong).append(p)
+    return {
+        "p_shown": sum(right + wrong) / max(len(right + wrong), 1),
+        "p_shown_right": sum(right) / max(len(right), 1),
+        "p_shown_wrong": sum(wrong) / max(len(wrong), 1),
+        "chance": 1 / len(next(iter(rules.rules.values())).alternatives),
+        "n_demonstrations": len(demos),
+    }

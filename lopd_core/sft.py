@@ -51,6 +51,14 @@ def demonstrations(
     leaked = [t.task_id for t in tasks if t.split != "train"]
     if leaked:
         raise ValueError(f"demonstrations come from the training split only; got {len(leaked)} others: {leaked[:3]}")
+    return verified_replays(suite, tasks, answer, style)
+
+
+def verified_replays(
+    suite: Suite, tasks: Sequence[Task], answer: str = "Done.", style: str = "flat"
+) -> tuple[list[Trajectory], list[str]]:
+    """The reference solutions of `tasks` (any split) replayed through their episodes: (those that score 1.0,
+    dropped ids). Training data only through `demonstrations`; probes of a trained model use the validation slice."""
     scenario = getattr(suite, "scenario", None)
     if scenario is None:
         raise ValueError(f"suite {suite.name!r} has no scenarios with reference solutions to demonstrate")
@@ -153,11 +161,20 @@ def with_privileged_solution(demo: Trajectory) -> Trajectory:
     return replace(demo, messages=messages, task_id=demo.task_id + "#privileged")
 
 
-def privileged_copies(demos: Sequence[Trajectory], fraction: float, seed: int) -> list[Trajectory]:
-    """`sft.privileged_fraction`: a seeded share of `demos` (those with a trace), each with its solution in front."""
+def privileged_copies(
+    demos: Sequence[Trajectory],
+    fraction: float,
+    seed: int,
+    recode: Callable[[Trajectory, random.Random], Trajectory] | None = None,
+) -> list[Trajectory]:
+    """`sft.privileged_fraction`: a seeded share of `demos` (those with a trace), each with its solution in front.
+    `recode` (`sft.privileged_codes: pool`) first rewrites each chosen copy, its solution and its own calls alike."""
     if fraction <= 0:
         return []
-    chosen = random.Random(seed + 1).sample(list(demos), round(fraction * len(demos)))
+    rng = random.Random(seed + 1)
+    chosen = rng.sample(list(demos), round(fraction * len(demos)))
+    if recode is not None:
+        chosen = [recode(d, rng) for d in chosen]
     return [with_privileged_solution(d) for d in chosen if d.trace]
 
 

@@ -306,3 +306,13 @@ def test_text_teacher_acts_with_the_tasks_solution(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs the checkpoint of a opsd/sdft/skill_sd run, got lopd"):
         evaluate(tiny_spec(tmp_path / "run2", checkpoint=str(_tiny_checkpoint(tmp_path / "lopd")),
                            benchmarks=benchmarks[:1], teacher_eval=True))  # fmt: skip
+
+
+def test_rules_benchmark_names_take_every_suffix():
+    from components.evaluate import BenchmarkSpec
+
+    for name in ("toolworld-rules", "toolworld-rules-s1", "toolworld-rules-s1-k3", "toolworld-rules-s1-digits"):
+        assert BenchmarkSpec(name=name).name == name
+    for bad in ("toolworld-rules-digits-s1", "toolworld-rules-s1-words"):
+        with pytest.raises(ValueError, match="name"):
+            BenchmarkSpec(name=bad)

@@ -17,7 +17,9 @@ from lopd_core.envs.base import WithValidation
 from lopd_core.envs.toolworld import DATA_DIR, ENV_FILE, SPLIT_FILES, is_toolworld, open_toolworld
 from lopd_core.envs.toolworld.rules import (
     CODE_PREFIX,
+    CODE_STYLES,
     CODES,
+    DIGIT_CODES,
     RULE_ARGUMENT,
     HouseRules,
     RuledSuite,
@@ -34,9 +36,10 @@ VALUES = [code.removeprefix(CODE_PREFIX) for code in ALTERNATIVES]
 SAMPLE = 6  # tasks per environment, split and level (1, 2) in the episode tests
 
 
-@pytest.fixture(scope="module")
-def suite() -> RuledSuite:
-    ruled = open_toolworld("toolworld-rules")
+@pytest.fixture(scope="module", params=["toolworld-rules", "toolworld-rules-s1-digits"])
+def suite(request) -> RuledSuite:
+    """Both code styles: words (the default) and digit pairs (`-digits`)."""
+    ruled = open_toolworld(request.param)
     assert isinstance(ruled, RuledSuite)
     return ruled
 
@@ -221,7 +224,7 @@ def test_demonstrations_use_the_alternatives_uniformly_after_they_verified(suite
                                                                         if m.role != "assistant"]  # fmt: skip
     for env_id, counter in counts.items():
         n, k = sum(counter.values()), suite.rules.k
-        assert set(counter) == set(CODES[env_id][:k])
+        assert set(counter) == set(CODE_STYLES[suite.rules.style][env_id][:k])
         for code in counter:  # binomial(n, 1/k): 4 standard deviations
             assert abs(counter[code] - n / k) < 4 * (n * (1 / k) * (1 - 1 / k)) ** 0.5, (env_id, counter)
 
@@ -263,7 +266,35 @@ def test_rules_differ_between_environments_and_are_drawn_from_a_seed():
         HouseRules.draw(0, k=4)
 
 
+def test_digit_codes_are_tokenised_like_ids_and_differ_from_their_first_pair():
+    """`-digits`: every value is digit pairs (the tokens ids are made of), the same number of pairs within an
+    environment, one pair in four environments and two in the rest; every first pair (the token that decides) is
+    its own; the prefix, which the data never uses, stays the code's first token."""
+    tok = _tiny_tokenizer(1024, 0, "toolworld")
+    prefix = tok.tokenize(CODE_PREFIX)
+    firsts, lengths = [], {}
+    for env_id, codes in DIGIT_CODES.items():
+        assert all(c.removeprefix(CODE_PREFIX).isdigit() for c in codes)
+        pieces = [tok.tokenize(c) for c in codes]
+        assert all(p[0] == prefix[0] and all(len(x) == 2 and x.isdigit() for x in p[1:]) for p in pieces)
+        assert len({len(p) for p in pieces}) == 1, env_id
+        lengths[env_id] = len(pieces[0]) - 1
+        firsts += [p[1] for p in pieces]
+    assert len(set(firsts)) == len(firsts) == 24
+    assert sorted(lengths.values()) == [1] * 4 + [2] * 4
+    assert set(DIGIT_CODES) == set(CODES)
+
+
 def test_suite_names():
+    assert parse_rules_name("toolworld-rules-s1-digits") == HouseRules.draw(1, 2, "digits")
+    assert parse_rules_name("toolworld-rules-digits").rules["toolworld_bank"].alternatives == DIGIT_CODES[
+        "toolworld_bank"][:2]  # fmt: skip
+    assert (
+        rules_suite_name(1, 2, "digits") == "toolworld-rules-s1-digits"
+        and parse_rules_name("toolworld-rules-s1-words") is None
+    )
+    with pytest.raises(ValueError, match="style must be one of"):
+        HouseRules.draw(0, 2, "emoji")
     assert parse_rules_name("toolworld-rules") == HouseRules.draw(0, 2)
     assert parse_rules_name("toolworld-rules-s7-k3") == HouseRules.draw(7, 3)
     assert parse_rules_name("toolworld-rules-k3") == HouseRules.draw(0, 3)
@@ -283,3 +314,41 @@ def test_spans_find_the_code_values():
     assert rules.spans('{"tool": "get_balance", "account_id": "ACC-1"}') == []
     two = '{"code": "a"} {"code":"bb"}'
     assert [two[s:e] for s, e in rules.spans(two)] == ["a", "bb"]
+
+
+def test_pool_privileged_copies_show_and_write_one_pool_code_each(suite):
+    """sft.privileged_codes: pool. Each privileged copy shows in its solution, and writes in its own calls, one code
+    drawn from every environment's alternatives, so only reading the solution predicts it; the copies are drawn
+    from the demonstrations as with `own`, and their task and prompts are unchanged."""
+    from lopd_core.sft import privileged_copies
+
+    tasks = [t for t in suite.tasks("train") if t.difficulty in (1, 2)]
+    demos, _ = demonstrations(suite, tasks)
+    pool = suite.rules.pool
+    assert len(pool) == len(set(pool)) == sum(len(c) for c in CODES.values())
+    copies = privileged_copies(demos, 0.5, 7, lambda d, rng: suite.rules.recode(d, rng.choice(pool)))
+    own = privileged_copies(demos, 0.5, 7)
+    assert [c.task_id for c in copies] == [o.task_id for o in own] and len(copies) == round(0.5 * len(demos))
+    drawn = Counter()
+    for copy_ in copies:
+        code = copy_.metadata["house_code"]
+        drawn[code] += 1
+        actions = [m.content for m in copy_.messages if m.role == "assistant"]
+        written = {v for a in actions for v in re.findall(rf'"{RULE_ARGUMENT}": "([^"]+)"', a)}
+        first_user = next(m.content for m in copy_.messages if m.role == "user")
+        shown = set(re.findall(rf'"{RULE_ARGUMENT}": "([^"]+)"', first_user))
+        assert written == shown == {code}  # the solution in front shows what the calls write
+    assert set(drawn) == set(pool)  # 24 codes over ~200 copies: every one drawn
+    with_own = {v for o in own for m in o.messages if m.role == "assistant"
+                for v in re.findall(rf'"{RULE_ARGUMENT}": "([^"]+)"', m.content)}  # fmt: skip
+    assert with_own <= {r.code for r in suite.rules.rules.values()}  # `own` keeps the demonstration's code
+
+
+def test_recode_round_trips_and_marks_the_right_code(suite):
+    (demo,) = demonstrations(suite, [t for t in suite.tasks("train") if t.difficulty == 1][:1])[0]
+    rule = suite.rules.rules[demo.env_id]
+    wrong = next(c for c in rule.alternatives if c != rule.code)
+    there = suite.rules.recode(demo, wrong)
+    assert there.metadata["house_code_correct"] is False and f'"{RULE_ARGUMENT}": "{wrong}"' in there.trace
+    back = suite.rules.recode(there, rule.code)
+    assert back.messages == demo.messages and back.trace == demo.trace and back.metadata["house_code_correct"]

@@ -3,9 +3,11 @@ every shipped scenario), the validation slice, the study student's tokenizer, th
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -147,3 +149,51 @@ def test_a_privileged_demonstration_is_token_for_token_what_opsd_s_teacher_reads
         teacher = serializer.teacher_view(demo, context)
         assert privileged.input_ids == teacher.input_ids and list(privileged.action_mask) == list(teacher.action_mask)
         assert with_privileged_solution(demo).task_id == demo.task_id + "#privileged"
+
+
+def test_copy_probe_matches_a_float64_brute_force():
+    """lopd_core.diagnostics.copy_probe against full-vocabulary float64 log-probs of each written alternative with
+    each shown one, on the tiny random model (which reads nothing: near chance)."""
+    from lopd_core.diagnostics import copy_probe
+    from lopd_core.envs.toolworld import open_toolworld
+
+    ruled = open_toolworld("toolworld-rules")
+    model, tok = load_backbone("tiny")
+    model.eval()
+    serializer = ChatSerializer(tok)
+    demos, _ = demonstrations(ruled, [t for t in ruled.tasks("train") if t.difficulty == 1][:3])
+    got = copy_probe(model, serializer, ruled.rules, demos)
+    right, wrong = [], []
+    model64 = copy.deepcopy(model).double()
+    for d in demos:
+        rule = ruled.rules.rules[d.env_id]
+        for shown in rule.alternatives:
+            solution = ruled.rules.recode(d, shown).trace
+            logps = []
+            for w in rule.alternatives:
+                view = serializer.student_view(
+                    with_privileged_solution(replace(ruled.rules.recode(d, w), trace=solution))
+                )
+                ids = torch.tensor([view.input_ids])
+                with torch.no_grad():
+                    logp = torch.log_softmax(model64(input_ids=ids).logits[0], -1)
+                logps.append(sum(logp[t - 1, view.input_ids[t]].item() for t, m in enumerate(view.action_mask) if m))
+            p = math.exp(logps[rule.alternatives.index(shown)]) / sum(math.exp(x) for x in logps)
+            (right if shown == rule.code else wrong).append(p)
+    assert got["n_demonstrations"] == 3 and got["chance"] == 0.5
+    assert got["p_shown_right"] == pytest.approx(sum(right) / len(right), abs=1e-4)
+    assert got["p_shown_wrong"] == pytest.approx(sum(wrong) / len(wrong), abs=1e-4)
+    assert got["p_shown"] == pytest.approx(sum(right + wrong) / len(right + wrong), abs=1e-4)
+    assert abs(got["p_shown"] - 0.5) < 0.1  # a random model reads (almost) nothing: 1/k whatever it prefers
+
+
+def test_pool_codes_need_copies_and_house_rules(tmp_path):
+    from components.sft import SFTSpec, run_sft
+
+    with pytest.raises(ValueError, match="privileged_fraction > 0"):
+        SFTConfig(privileged_codes="pool")
+    cfg = SFTConfig(steps=1, batch_size=2, n_demonstrations=2, privileged_fraction=0.5, privileged_codes="pool")
+    spec = SFTSpec(run_dir=str(tmp_path), backbone="tiny", suite="toolworld-compact", sft=cfg,
+                   tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")  # fmt: skip
+    with pytest.raises(ValueError, match="privileged_codes: pool draws house codes"):
+        run_sft(spec)

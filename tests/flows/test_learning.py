@@ -25,6 +25,18 @@ The margin flip goes unseen because the constraint barely binds on this testbed:
 start fitted, stays ahead of its student by more than m = 0.05 on most steps, so beta stays at 0-0.033 and the flipped
 term moves the run by less than 1e-4 (anchor 0.18424 vs 0.18423). Eq. 13's sign is guarded by
 tests/core/test_losses.py::test_dual_step_and_lagrangian_hand_checked, which fails with the same flip.
+
+Making the margin bind does not change that (seed 0, warm start 32.5 built with threads=1, held out, LOPD arm only,
+each setting with the term as written and flipped):
+
+    m = 0.5                                          beta -> 8.6     +25.0 and +25.0 (margin 0.087 vs 0.088 at step 19)
+    m = 0.5, composer_lr 3e-3                        beta -> 4       identical to three decimals through step 18
+    m = 0.5, composer_lr 3e-3, beta_0 = 5            beta -> 10      +25.0 [+8.2, +41.8] vs flipped +27.5 [+10.3, +44.7]
+
+The flipped term does move the composer (anchor 296 vs 159 after the first update, and the teacher's rule-token delta on
+successes -1.32 vs +0.21 there), but the anchor pulls the latents back within a few steps, and the teacher's
+knowledge of the code is in the reader LoRA that the cold start fitted and training keeps frozen, not in the latents.
+Here the margin only shapes the composer, and the composer does not decide what the teacher knows.
 """
 
 from __future__ import annotations

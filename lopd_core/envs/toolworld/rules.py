@@ -22,8 +22,12 @@ call of one of the environment's state-changing tools carries the argument `"cod
 * **Drawn from a seed.** `HouseRules.draw(seed, k)` picks each environment's code among its first `k`
   alternatives. The alternatives do not depend on the seed, so one warm start serves every seed.
 
+* **Styles.** The codes above are words (`CODES`); `-digits` writes the same rules with digit pairs
+  (`DIGIT_CODES`), the tokens ids are made of, which a 1M student reads from its context, so OPSD's teacher can
+  read the code from its solution (docs/study.md).
+
 Suite names: `toolworld-rules` (seed 0, k = 2), `toolworld-rules-s<seed>`, `toolworld-rules-k<k>`,
-`toolworld-rules-s<seed>-k<k>` (`parse_rules_name`).
+`toolworld-rules-s<seed>-k<k>`, each with `-digits` at the end for the digit codes (`parse_rules_name`).
 """
 
 from __future__ import annotations
@@ -67,7 +71,26 @@ CODES: dict[str, tuple[str, ...]] = {
         "toolworld_smarthome": ("rip 47", "arch 52", "bath 28"),
     }.items()
 }
-_NAME = re.compile(rf"^{RULES_SUITE}(?:-s(?P<seed>\d+))?(?:-k(?P<k>\d+))?$")
+# The same rules written with digit pairs, the tokens ids are made of (`toolworld-rules[...]-digits`): a 1M student
+# copies those from its context, so a text teacher (OPSD) can read the code from the solution it is shown, which it
+# cannot with the word codes above (docs/study.md, "Why OPSD does not learn the rule"). A digit pair also occurs in
+# ids and amounts, so here it is the prefix `G-`, which nothing in the data uses, that keeps the code hidden. One
+# token (one pair) in four environments, two in the other four; every first pair differs from every other.
+DIGIT_CODES: dict[str, tuple[str, ...]] = {
+    env_id: tuple(CODE_PREFIX + value for value in values)
+    for env_id, values in {
+        "toolworld_bank": ("17", "42", "86"),
+        "toolworld_calendar": ("23", "58", "71"),
+        "toolworld_shop": ("34", "65", "19"),
+        "toolworld_files": ("47", "52", "28"),
+        "toolworld_messaging": ("1390", "2461", "3572"),
+        "toolworld_travel": ("4683", "5794", "6805"),
+        "toolworld_todo": ("7916", "8027", "9138"),
+        "toolworld_smarthome": ("0249", "6350", "7461"),
+    }.items()
+}
+CODE_STYLES: dict[str, dict[str, tuple[str, ...]]] = {"words": CODES, "digits": DIGIT_CODES}
+_NAME = re.compile(rf"^{RULES_SUITE}(?:-s(?P<seed>\d+))?(?:-k(?P<k>\d+))?(?:-(?P<style>digits))?$")
 _MISSING = object()
 
 
@@ -98,21 +121,24 @@ class HouseRules:
     seed: int
     k: int
     rules: dict[str, HouseRule]
+    style: str = "words"
 
     @staticmethod
-    def draw(seed: int = 0, k: int = DEFAULT_K) -> HouseRules:
+    def draw(seed: int = 0, k: int = DEFAULT_K, style: str = "words") -> HouseRules:
         if not 2 <= k <= MAX_K:
             raise ValueError(f"house rules: k must lie in [2, {MAX_K}] (alternatives per environment), got {k}")
+        if style not in CODE_STYLES:
+            raise ValueError(f"house rules: style must be one of {sorted(CODE_STYLES)}, got {style!r}")
         rules = {}
-        for env_id, codes in CODES.items():
+        for env_id, codes in CODE_STYLES[style].items():
             alternatives = codes[:k]
             code = random.Random(f"{RULES_SUITE}|{seed}|{env_id}").choice(alternatives)
             rules[env_id] = HouseRule(env_id, alternatives, code)
-        return HouseRules(seed, k, rules)
+        return HouseRules(seed, k, rules, style)
 
     @property
     def name(self) -> str:
-        return rules_suite_name(self.seed, self.k)
+        return rules_suite_name(self.seed, self.k, self.style)
 
     def follow(self, env_id: str, calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """A reference solution's calls with the house rule obeyed (the code added to every state-changing call)."""
@@ -127,15 +153,24 @@ class HouseRules:
         """A verified demonstration with its code replaced by an alternative drawn uniformly (one per
         demonstration), in its actions and in its trace: what the warm start reads (DESIGN.md §9, pitfall 1:
         verify, then randomise). The alternative may be the correct code (probability 1/k)."""
+        return self.recode(trajectory, rng.choice(self.rules[trajectory.env_id].alternatives))
+
+    def recode(self, trajectory: Trajectory, code: str) -> Trajectory:
+        """A trajectory that obeyed its environment's rule (or a `recode`d one) with every code replaced by `code`,
+        in its actions and in its trace."""
         rule = self.rules[trajectory.env_id]
-        drawn = rng.choice(rule.alternatives)
-        old, new = _realised(rule.code), _realised(drawn)
+        old, new = _realised(trajectory.metadata.get("house_code", rule.code)), _realised(code)
         messages = [
             Message(m.role, m.content.replace(old, new), None, m.truncated) if m.role == "assistant" else m
             for m in trajectory.messages
         ]
-        metadata = {**trajectory.metadata, "house_code": drawn, "house_code_correct": drawn == rule.code}
+        metadata = {**trajectory.metadata, "house_code": code, "house_code_correct": code == rule.code}
         return replace(trajectory, messages=messages, trace=trajectory.trace.replace(old, new), metadata=metadata)
+
+    @property
+    def pool(self) -> tuple[str, ...]:
+        """Every code of every environment (all `MAX_K` alternatives): `sft.privileged_codes: pool` draws from it."""
+        return tuple(code for codes in CODE_STYLES[self.style].values() for code in codes)
 
     def spans(self, text: str) -> list[tuple[int, int]]:
         """Character spans of the values of every `"code"` argument in an action text, after the code prefix when
@@ -152,16 +187,21 @@ def _realised(code: str) -> str:
     return f'"{RULE_ARGUMENT}": "{code}"'
 
 
-def rules_suite_name(seed: int = 0, k: int = DEFAULT_K) -> str:
-    return RULES_SUITE + (f"-s{seed}" if seed else "") + (f"-k{k}" if k != DEFAULT_K else "")
+def rules_suite_name(seed: int = 0, k: int = DEFAULT_K, style: str = "words") -> str:
+    return (
+        RULES_SUITE
+        + (f"-s{seed}" if seed else "")
+        + (f"-k{k}" if k != DEFAULT_K else "")
+        + (f"-{style}" if style != "words" else "")
+    )
 
 
 def parse_rules_name(name: str) -> HouseRules | None:
-    """The house rules a suite name asks for (`toolworld-rules[-s<seed>][-k<k>]`), None for another name."""
+    """The house rules a suite name asks for (`toolworld-rules[-s<seed>][-k<k>][-digits]`), None for another name."""
     match = _NAME.match(name)
     if match is None:
         return None
-    return HouseRules.draw(int(match["seed"] or 0), int(match["k"] or DEFAULT_K))
+    return HouseRules.draw(int(match["seed"] or 0), int(match["k"] or DEFAULT_K), match["style"] or "words")
 
 
 class RuledEpisode(EnvScalerEpisode):
