@@ -32,6 +32,10 @@ each setting with the term as written and flipped):
     m = 0.5                                          beta -> 8.6     +25.0 and +25.0 (margin 0.087 vs 0.088 at step 19)
     m = 0.5, composer_lr 3e-3                        beta -> 4       identical to three decimals through step 18
     m = 0.5, composer_lr 3e-3, beta_0 = 5            beta -> 10      +25.0 [+8.2, +41.8] vs flipped +27.5 [+10.3, +44.7]
+    the same with anchor weight 0                    Delta -> 1.17   -7.5 [-25.6, +10.6] vs flipped +22.5 [+4.6, +40.4]
+
+(Without the anchor the margin as written fails and the flip passes: eq. 12's verdict margin is met by a teacher that
+rejects the student's tokens everywhere, rule-token delta -3.0 on successes, since most rollouts fail; docs/study.md.)
 
 The flipped term does move the composer (anchor 296 vs 159 after the first update, and the teacher's rule-token delta on
 successes -1.32 vs +0.21 there), but the anchor pulls the latents back within a few steps, and the teacher's
