@@ -19,13 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from lopd_core.conversation import Trajectory
 from lopd_core.serialization import ChatSerializer, TokenView
+
+if TYPE_CHECKING:
+    from lopd_core.envs.toolworld.rules import HouseRules
 
 TokenMarks = Callable[[str], list[tuple[int, int]]]  # an action's text -> character spans of the marked tokens
 
@@ -100,7 +103,7 @@ def teacher_diagnostics(
 
 
 def copy_probe(
-    model: Any, serializer: ChatSerializer, rules: Any, demos: Sequence[Trajectory]
+    model: Any, serializer: ChatSerializer, rules: HouseRules, demos: Sequence[Trajectory]
 ) -> dict[str, float | int]:
     """OPSD's precondition on a suite with house rules: does a teacher read the code that the solution in its
     context shows? For every verified demonstration `d` (its calls obey the rule) and every alternative `shown` of

@@ -3,8 +3,9 @@
     python scripts/copy_probe.py MODEL_FOLDER [--suite toolworld-rules-s1] [--difficulties 1] [--n 40]
 
 Replays the reference solutions of the validation slice (validation_fraction 0.2, as the study configs) and prints
-`lopd_core.diagnostics.copy_probe` as JSON: P(shown code) when the shown code is right and when it is wrong (chance
-1/k). A warm start whose teacher view reads nothing scores chance on both; one that copies scores near 1 on both.
+`lopd_core.diagnostics.copy_probe` as JSON: `p_shown`, the mean P(shown code), is exactly 1/k for a teacher view that
+reads nothing and near 1 for one that copies; `p_shown_right` / `p_shown_wrong` split it by the code shown (a
+context-blind model that prefers the right code scores high on the first and low on the second).
 """
 
 from __future__ import annotations

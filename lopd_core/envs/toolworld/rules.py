@@ -55,12 +55,18 @@ MAX_K = 3
 # follows an opening quote, which opens every string, and a 1M teacher did not copy it from a solution it was shown
 # (docs/study.md, "The positive control"). `G-` is a token of the toolworld tokenizer that no id uses.
 CODE_PREFIX = "G-"
+
+
+def _prefixed(values: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """Each environment's code values, written with the code prefix."""
+    return {env_id: tuple(CODE_PREFIX + value for value in vals) for env_id, vals in values.items()}
+
+
 # Each environment's candidate codes, disjoint between environments; no value occurs as a word anywhere in the
 # suite's data (tested). The value is one token in the first four environments, three (word, space, digit pair) in
 # the rest.
-CODES: dict[str, tuple[str, ...]] = {
-    env_id: tuple(CODE_PREFIX + value for value in values)
-    for env_id, values in {
+CODES: dict[str, tuple[str, ...]] = _prefixed(
+    {
         "toolworld_bank": ("dollar", "port", "ark"),
         "toolworld_calendar": ("meet", "zen", "tar"),
         "toolworld_shop": ("box", "kit", "ice"),
@@ -69,16 +75,15 @@ CODES: dict[str, tuple[str, ...]] = {
         "toolworld_travel": ("mar 23", "min 58", "rid 71"),
         "toolworld_todo": ("age 34", "hen 65", "bon 19"),
         "toolworld_smarthome": ("rip 47", "arch 52", "bath 28"),
-    }.items()
-}
+    }
+)
 # The same rules written with digit pairs, the tokens ids are made of (`toolworld-rules[...]-digits`): a 1M student
 # copies those from its context, so a text teacher (OPSD) can read the code from the solution it is shown, which it
 # cannot with the word codes above (docs/study.md, "Why OPSD does not learn the rule"). A digit pair also occurs in
 # ids and amounts, so here it is the prefix `G-`, which nothing in the data uses, that keeps the code hidden. One
 # token (one pair) in four environments, two in the other four; every first pair differs from every other.
-DIGIT_CODES: dict[str, tuple[str, ...]] = {
-    env_id: tuple(CODE_PREFIX + value for value in values)
-    for env_id, values in {
+DIGIT_CODES: dict[str, tuple[str, ...]] = _prefixed(
+    {
         "toolworld_bank": ("17", "42", "86"),
         "toolworld_calendar": ("23", "58", "71"),
         "toolworld_shop": ("34", "65", "19"),
@@ -87,8 +92,8 @@ DIGIT_CODES: dict[str, tuple[str, ...]] = {
         "toolworld_travel": ("4683", "5794", "6805"),
         "toolworld_todo": ("7916", "8027", "9138"),
         "toolworld_smarthome": ("0249", "6350", "7461"),
-    }.items()
-}
+    }
+)
 CODE_STYLES: dict[str, dict[str, tuple[str, ...]]] = {"words": CODES, "digits": DIGIT_CODES}
 _NAME = re.compile(rf"^{RULES_SUITE}(?:-s(?P<seed>\d+))?(?:-k(?P<k>\d+))?(?:-(?P<style>digits))?$")
 _MISSING = object()
