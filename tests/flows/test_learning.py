@@ -54,7 +54,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = ROOT / "configs" / "study-rules.yaml"
 BENCHMARK = "toolworld-rules"
-ARMS = ("grpo", "lopd")
+ARMS = ("grpo", "opsd", "lopd")
 # The study's testbed at difficulty level 1 (one call): its warm start takes ~4 minutes with both cores instead of
 # ~13, its episodes are short, and the held-out score has 40 tasks.
 LEVEL_1 = ["train.difficulties=[1]", "collect.difficulties=[1]", "budget=640", "threads=2", "execution.max_parallel=1"]
@@ -141,6 +141,10 @@ def _check(deltas: dict[str, dict], arm: str) -> None:
 
 def test_grpo_raises_the_held_out_reward(deltas):
     _check(deltas, "grpo")
+
+
+def test_opsd_raises_the_held_out_reward(deltas):
+    _check(deltas, "opsd")
 
 
 def test_lopd_raises_the_held_out_reward(deltas):
