@@ -297,6 +297,20 @@ class LOPDConfig(StrictModel):
     tail_floor: float | None = Field(
         None, lt=0, description="null: the exact tail (eq. 9); -1e-7: the reference code's clamp."
     )
+    divergence: Literal["reverse_kl", "forward_kl", "jsd", "mix"] = Field(
+        "reverse_kl",
+        description="The distillation divergence on the top-M + tail buckets of every distillation method: "
+        "reverse_kl = KL(student || teacher), the paper's (eq. 10); forward_kl = KL(teacher || student); jsd = GKD's "
+        "generalised Jensen-Shannon with beta = divergence_coef; mix = divergence_coef * forward + (1 - "
+        "divergence_coef) * reverse (lopd_core.losses.bucket_divergence).",
+    )
+    divergence_coef: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="jsd: beta, the teacher's weight in the mixture, in (0, 1); mix: lambda, the forward KL's "
+        "weight, in [0, 1]; unused by reverse_kl and forward_kl.",
+    )
     margin_target: float = Field(
         0.05,
         description="m: margin target of the privileged-margin constraint: the batch margin Delta (eq. 12) "
@@ -324,10 +338,13 @@ class LOPDConfig(StrictModel):
         0.5, ge=0, description="eta_beta: dual step size, beta = max(0, beta + eta_beta (m - Delta)) (eq. 13)."
     )
     beta_init: float = Field(0.0, ge=0, description="beta_0: initial value of the dual variable beta (eq. 13).")
-    margin_advantage: Literal["verdict", "centered"] = Field(
+    margin_advantage: Literal["verdict", "centered", "balanced"] = Field(
         "verdict",
         description="The A in Delta: verdict A = 2r - 1 (§3.3); centered subtracts the batch mean of A (ours, an "
-        "option: with mostly failures a teacher uniformly worse than the student satisfies the verdict margin).",
+        "option: with mostly failures a teacher uniformly worse than the student satisfies the verdict margin); "
+        "balanced is the order-consistent margin (after Uni-OPD): 1/2 the mean over successful records of their "
+        "mean delta minus 1/2 that over failed ones, which no uniform shift of the teacher meets; a batch with no "
+        "success or no failure leaves it undefined, and beta is held (lopd_core.losses.balanced_margin).",
     )
     loss_normalization: Literal["token", "record", "reference"] = Field(
         "token",
@@ -388,6 +405,15 @@ class LOPDConfig(StrictModel):
                 "data_parallel=fsdp needs student_mode=full: a LoRA student is the backbone that the teacher and the "
                 "composer also run, a different number of times on each rank, so its layers cannot be sharded; use "
                 "data_parallel=ddp (or auto) for LoRA, whose trainable weights are small"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _jsd_needs_an_open_beta(self) -> LOPDConfig:
+        if self.divergence == "jsd" and not 0 < self.divergence_coef < 1:
+            raise ValueError(
+                f"divergence_coef: jsd's beta must lie strictly between 0 and 1, got {self.divergence_coef} "
+                "(its ends are divergence=forward_kl and reverse_kl)"
             )
         return self
 

@@ -30,7 +30,7 @@ from lopd_core.composer import Composer
 from lopd_core.config import LOPDConfig
 from lopd_core.conversation import Trajectory
 from lopd_core.loss_head import HeadOutputs
-from lopd_core.losses import anchor_penalty, dual_step, lagrangian
+from lopd_core.losses import anchor_penalty, balanced_margin, dual_step, lagrangian
 from lopd_core.models import latent_teacher_adapter
 from lopd_core.serialization import TeacherContext
 
@@ -267,27 +267,36 @@ class DistillObjective:
     def __init__(self, cfg: LOPDConfig) -> None:
         self.cfg = cfg
 
-    def terms(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def terms(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, torch.Tensor, float | None]:
         """(distill, margin Delta in the loss, eq. 12's token-weighted Delta for the dual step and the logs).
 
         The first two follow `loss_normalization` ("token" = eq. 10 and 12); the third is always token-weighted.
+        `margin_advantage: balanced` gives the order-consistent margin in both places (per-record means by
+        definition), and None as the third when the batch has nothing to rank (no success or no failure).
         """
         if head.kl is None or head.teacher_logp is None:
             raise ValueError(f"{type(self).__name__} needs the teacher's side of the loss head")
         norm = self.cfg.loss_normalization
+        distill = batch.reduce(head.kl, norm)
+        if self.cfg.margin_advantage == "balanced":
+            margin = balanced_margin(head.privilege, batch.rows, batch.advantages, batch.n_success_global,
+                                     batch.n_failure_global)  # fmt: skip
+            if margin is None:
+                return distill, head.privilege.new_zeros(()), None
+            return distill, margin, margin.item()
         adv = batch.advantages
         if self.cfg.margin_advantage == "centered":  # a uniform shift of the teacher's log-probs leaves Delta at 0
             adv = adv - (adv.mean() if batch.advantage_mean_global is None else batch.advantage_mean_global)
         weighted = adv[batch.rows] * head.privilege
         margin = batch.reduce(weighted, norm)
         margin_token = margin.item() if norm != "record" else batch.reduce(weighted.detach(), "token").item()
-        return batch.reduce(head.kl, norm), margin, margin_token
+        return distill, margin, margin_token
 
     def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """(loss, stats). Data-parallel, both are this rank's shares of the global values: the step sums them over
         ranks (every stat but `beta_loss`, which every rank holds) before `after_step` sees them."""
         distill, _, margin = self.terms(head, batch)  # the margin is a diagnostic here
-        return distill, {"distill_kl": distill.item(), "margin": margin}
+        return distill, {"distill_kl": distill.item(), **_margin_stat(margin)}
 
     def after_step(self, stats: Mapping[str, float]) -> None:
         pass
@@ -297,6 +306,11 @@ class DistillObjective:
 
     def load_state_dict(self, state: Mapping[str, float]) -> None:
         pass
+
+
+def _margin_stat(margin: float | None) -> dict[str, float]:
+    """The margin as a logged stat; an undefined one (no success or no failure to rank) is left out, not 0."""
+    return {} if margin is None else {"margin": margin}
 
 
 class LOPDObjective(DistillObjective):
@@ -316,11 +330,12 @@ class LOPDObjective(DistillObjective):
             anchor = anchor * batch.record_share()
         target = self.cfg.margin_target / batch.world_size
         loss = lagrangian(distill, margin, anchor, self.beta, target, self.cfg.anchor_weight)
-        stats = {"distill_kl": distill.item(), "margin": margin_token, "anchor": anchor.item()}
+        stats = {"distill_kl": distill.item(), **_margin_stat(margin_token), "anchor": anchor.item()}
         return loss, {**stats, "beta_loss": self.beta}
 
     def after_step(self, stats: Mapping[str, float]) -> None:
-        self.beta = dual_step(self.beta, stats["margin"], self.cfg.margin_target, self.cfg.dual_lr)
+        if "margin" in stats:  # an undefined balanced margin (nothing to rank) holds beta
+            self.beta = dual_step(self.beta, stats["margin"], self.cfg.margin_target, self.cfg.dual_lr)
 
     def state_dict(self) -> dict[str, float]:
         return {"beta": self.beta}

@@ -138,7 +138,7 @@ def test_tail_floor_is_the_reference_clamp():
         topm_bucket_logprobs(logits, support, tail_floor=0.5)
 
 
-def test_a_uniformly_worse_teacher_meets_the_verdict_margin_but_not_the_centered_one():
+def test_a_uniformly_worse_teacher_meets_the_verdict_margin_but_not_the_centered_or_balanced_one():
     """Three failures and one success (A = -1, -1, -1, +1), one token each, delta = -0.5 on every token: the verdict
     margin is mean(A delta) = (0.5 * 3 - 0.5) / 4 = +0.25; centred (A - mean A = -0.5, -0.5, -0.5, +1.5) it is 0."""
     rows = torch.arange(4)
@@ -148,8 +148,32 @@ def test_a_uniformly_worse_teacher_meets_the_verdict_margin_but_not_the_centered
 
     head = HeadOutputs(student_logp=student, kl=torch.zeros(4, dtype=torch.float64), teacher_logp=student - 0.5)
     batch = DistillBatch(rows, 4, rewards, rows, TeacherInputs())
-    for advantage, expected in (("verdict", 0.25), ("centered", 0.0)):
+    for advantage, expected in (("verdict", 0.25), ("centered", 0.0), ("balanced", 0.0)):
         objective = LOPDObjective(LOPDConfig(margin_advantage=advantage))
         _, margin, margin_token = objective.terms(head, batch)
         assert margin.item() == pytest.approx(expected, abs=1e-12)
         assert margin_token == pytest.approx(expected, abs=1e-12)
+
+
+def test_balanced_margin_in_the_objective_and_beta_held_when_nothing_ranks():
+    """The success's token delta +0.4 and the failures' -0.2, -0.6 (one token each): Delta = 0.2 + 0.2 = 0.4, and
+    beta moves by eta (m - Delta); with failures only there is nothing to rank: no margin stat, beta held."""
+    from lopd_core.loss_head import HeadOutputs
+
+    rows = torch.arange(3)
+    student = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64)
+    delta = torch.tensor([0.4, -0.2, -0.6], dtype=torch.float64)
+    head = HeadOutputs(student_logp=student, kl=torch.zeros(3, dtype=torch.float64), teacher_logp=student + delta)
+    c = torch.zeros(3, 2, 4, dtype=torch.float64)
+    cfg = LOPDConfig(margin_advantage="balanced", beta_init=1.0, dual_lr=0.5, margin_target=0.05)
+    objective = LOPDObjective(cfg)
+    rewards = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
+    _, stats = objective.loss(head, DistillBatch(rows, 3, rewards, rows, TeacherInputs(c, c)))
+    assert stats["margin"] == pytest.approx(0.5 * 0.4 - 0.5 * (-0.4), abs=1e-12)
+    objective.after_step(stats)
+    assert objective.beta == pytest.approx(1.0 + 0.5 * (0.05 - 0.4), abs=1e-12)
+    failures = torch.zeros(3, dtype=torch.float64)
+    loss, stats = objective.loss(head, DistillBatch(rows, 3, failures, rows, TeacherInputs(c, c)))
+    assert "margin" not in stats
+    objective.after_step(stats)
+    assert objective.beta == pytest.approx(0.825, abs=1e-12)
