@@ -338,6 +338,16 @@ class LOPDConfig(StrictModel):
         0.5, ge=0, description="eta_beta: dual step size, beta = max(0, beta + eta_beta (m - Delta)) (eq. 13)."
     )
     beta_init: float = Field(0.0, ge=0, description="beta_0: initial value of the dual variable beta (eq. 13).")
+    reward_aligned: bool = Field(
+        False,
+        description="RA-OPD (seed 004): a record whose distillation return (the sum of its tokens' delta) disagrees "
+        "with its verdict (> 0 on a failure, < 0 on a success) weighs misaligned_weight in the distillation term; "
+        "the mean stays over all the batch's tokens (ours: no extra exchange between ranks; RA-OPD's mean over the "
+        "kept tokens differs by the kept share). Logged: ra_misaligned, the share of such records.",
+    )
+    misaligned_weight: float = Field(
+        0.0, ge=0, le=1, description="reward_aligned: the weight of a misaligned record (0 = RA-OPD's drop)."
+    )
     margin_advantage: Literal["verdict", "centered", "balanced"] = Field(
         "verdict",
         description="The A in Delta: verdict A = 2r - 1 (§3.3); centered subtracts the batch mean of A (ours, an "

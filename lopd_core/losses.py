@@ -177,6 +177,24 @@ def balanced_margin(
     return 0.5 * per_record[success].sum() / n_s - 0.5 * per_record[failure].sum() / n_f
 
 
+def reward_aligned_weights(
+    privilege: torch.Tensor, rows: torch.Tensor, advantages: torch.Tensor, misaligned_weight: float = 0.0
+) -> torch.Tensor:
+    """RA-OPD's filter (Reward-Aligned OPD, seed 004), per record [B]: 1 where the distillation direction agrees
+    with the verdict, `misaligned_weight` (0 = drop) where it does not.
+
+    A record's distillation return is the sum of its tokens' delta = log pT(a) - log pS(a) (detached): distilling
+    raises the record's likelihood when it is > 0 and lowers it when it is < 0. It agrees with a success (A > 0)
+    when > 0 and with a failure (A < 0) when < 0; a return of 0, or A = 0, counts as aligned (nothing to disagree).
+    """
+    if not 0 <= misaligned_weight <= 1:
+        raise ValueError(f"misaligned_weight must lie in [0, 1], got {misaligned_weight}")
+    returns = privilege.detach().new_zeros(advantages.shape[0]).index_add(0, rows, privilege.detach())
+    misaligned = returns * advantages.to(returns.dtype) < 0
+    weights = torch.ones_like(returns)
+    return torch.where(misaligned, torch.full_like(returns, misaligned_weight), weights)
+
+
 def anchor_penalty(latents: torch.Tensor, cold_start_latents: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
     """Anchor (eq. 13): ||c_phi - sg(c_phi0)||^2 per task, averaged over the batch.
 

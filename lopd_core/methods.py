@@ -30,7 +30,7 @@ from lopd_core.composer import Composer
 from lopd_core.config import LOPDConfig
 from lopd_core.conversation import Trajectory
 from lopd_core.loss_head import HeadOutputs
-from lopd_core.losses import anchor_penalty, balanced_margin, dual_step, lagrangian
+from lopd_core.losses import anchor_penalty, balanced_margin, dual_step, lagrangian, reward_aligned_weights
 from lopd_core.models import latent_teacher_adapter
 from lopd_core.serialization import TeacherContext
 
@@ -256,6 +256,8 @@ def _is_error(text: str) -> bool:
 
 # ------------------------------------------------------------------------------------ objectives
 
+Stats = dict[str, float]
+
 
 class DistillObjective:
     """Top-M reverse KL on the student's own tokens (eq. 9-10), nothing else."""
@@ -267,8 +269,9 @@ class DistillObjective:
     def __init__(self, cfg: LOPDConfig) -> None:
         self.cfg = cfg
 
-    def terms(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, torch.Tensor, float | None]:
-        """(distill, margin Delta in the loss, eq. 12's token-weighted Delta for the dual step and the logs).
+    def terms(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, torch.Tensor, float | None, Stats]:
+        """(distill, margin Delta in the loss, eq. 12's token-weighted Delta for the dual step and the logs, and
+        the distillation term's stats: its value, and RA-OPD's misaligned share when `reward_aligned` is on).
 
         The first two follow `loss_normalization` ("token" = eq. 10 and 12); the third is always token-weighted.
         `margin_advantage: balanced` gives the order-consistent margin in both places (per-record means by
@@ -277,26 +280,34 @@ class DistillObjective:
         if head.kl is None or head.teacher_logp is None:
             raise ValueError(f"{type(self).__name__} needs the teacher's side of the loss head")
         norm = self.cfg.loss_normalization
-        distill = batch.reduce(head.kl, norm)
+        kl, stats = head.kl, {}
+        if self.cfg.reward_aligned:  # RA-OPD: records whose distillation direction disagrees with their verdict
+            weights = reward_aligned_weights(head.privilege, batch.rows, batch.advantages, self.cfg.misaligned_weight)
+            kl = kl * weights[batch.rows]
+            stats["ra_misaligned"] = (weights != 1).sum().item() / max(batch.n_records_global or batch.n_records, 1)
+        distill = batch.reduce(kl, norm)
+        stats["distill_kl"] = distill.item()
+        return (distill, *self._margin(head, batch), stats)
+
+    def _margin(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, float | None]:
+        """(Delta in the loss, Delta for the dual step and the logs; None when undefined), by `margin_advantage`."""
         if self.cfg.margin_advantage == "balanced":
             margin = balanced_margin(head.privilege, batch.rows, batch.advantages, batch.n_success_global,
                                      batch.n_failure_global)  # fmt: skip
-            if margin is None:
-                return distill, head.privilege.new_zeros(()), None
-            return distill, margin, margin.item()
+            return (head.privilege.new_zeros(()), None) if margin is None else (margin, margin.item())
         adv = batch.advantages
         if self.cfg.margin_advantage == "centered":  # a uniform shift of the teacher's log-probs leaves Delta at 0
             adv = adv - (adv.mean() if batch.advantage_mean_global is None else batch.advantage_mean_global)
         weighted = adv[batch.rows] * head.privilege
+        norm = self.cfg.loss_normalization
         margin = batch.reduce(weighted, norm)
-        margin_token = margin.item() if norm != "record" else batch.reduce(weighted.detach(), "token").item()
-        return distill, margin, margin_token
+        return margin, margin.item() if norm != "record" else batch.reduce(weighted.detach(), "token").item()
 
     def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """(loss, stats). Data-parallel, both are this rank's shares of the global values: the step sums them over
         ranks (every stat but `beta_loss`, which every rank holds) before `after_step` sees them."""
-        distill, _, margin = self.terms(head, batch)  # the margin is a diagnostic here
-        return distill, {"distill_kl": distill.item(), **_margin_stat(margin)}
+        distill, _, margin, stats = self.terms(head, batch)  # the margin is a diagnostic here
+        return distill, {**stats, **_margin_stat(margin)}
 
     def after_step(self, stats: Mapping[str, float]) -> None:
         pass
@@ -321,7 +332,7 @@ class LOPDObjective(DistillObjective):
         self.beta = cfg.beta_init
 
     def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        distill, margin, margin_token = self.terms(head, batch)
+        distill, margin, margin_token, stats = self.terms(head, batch)
         t = batch.teacher
         if t.latents is None or t.cold_start_latents is None:
             raise ValueError("LOPDObjective needs latents and cold-start latents from the context strategy")
@@ -330,7 +341,7 @@ class LOPDObjective(DistillObjective):
             anchor = anchor * batch.record_share()
         target = self.cfg.margin_target / batch.world_size
         loss = lagrangian(distill, margin, anchor, self.beta, target, self.cfg.anchor_weight)
-        stats = {"distill_kl": distill.item(), **_margin_stat(margin_token), "anchor": anchor.item()}
+        stats = {**stats, **_margin_stat(margin_token), "anchor": anchor.item()}
         return loss, {**stats, "beta_loss": self.beta}
 
     def after_step(self, stats: Mapping[str, float]) -> None:

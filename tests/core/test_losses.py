@@ -353,3 +353,16 @@ def test_balanced_margin_ranks_shares_sum_to_the_whole():
     parts = [L.balanced_margin(priv[split], rows[split], adv[:3], n_success=2, n_failure=4),
              L.balanced_margin(priv[~split], rows[~split] - 3, adv[3:], n_success=2, n_failure=4)]  # fmt: skip
     assert torch.allclose(parts[0] + parts[1], whole, atol=1e-12)
+
+
+def test_reward_aligned_weights_hand_checked():
+    """Returns (sum of delta per record): +0.5, -0.3, +0.2, -0.1, +0.4; verdicts success, success, failure, failure,
+    A = 0. Misaligned: record 1 (a success the teacher pushes down) and record 2 (a failure it pushes up)."""
+    rows = torch.tensor([0, 0, 1, 2, 2, 3, 4])
+    priv = torch.tensor([0.2, 0.3, -0.3, 0.5, -0.3, -0.1, 0.4], dtype=torch.float64, requires_grad=True)
+    adv = L.advantages_from_rewards(torch.tensor([1.0, 1.0, 0.0, 0.0, 0.5])).double()
+    assert L.reward_aligned_weights(priv, rows, adv).tolist() == [1.0, 0.0, 0.0, 1.0, 1.0]
+    assert L.reward_aligned_weights(priv, rows, adv, 0.25).tolist() == [1.0, 0.25, 0.25, 1.0, 1.0]
+    assert not L.reward_aligned_weights(priv, rows, adv).requires_grad
+    with pytest.raises(ValueError, match="misaligned_weight"):
+        L.reward_aligned_weights(priv, rows, adv, 1.5)

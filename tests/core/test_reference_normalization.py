@@ -150,7 +150,7 @@ def test_a_uniformly_worse_teacher_meets_the_verdict_margin_but_not_the_centered
     batch = DistillBatch(rows, 4, rewards, rows, TeacherInputs())
     for advantage, expected in (("verdict", 0.25), ("centered", 0.0), ("balanced", 0.0)):
         objective = LOPDObjective(LOPDConfig(margin_advantage=advantage))
-        _, margin, margin_token = objective.terms(head, batch)
+        _, margin, margin_token, _ = objective.terms(head, batch)
         assert margin.item() == pytest.approx(expected, abs=1e-12)
         assert margin_token == pytest.approx(expected, abs=1e-12)
 
@@ -177,3 +177,22 @@ def test_balanced_margin_in_the_objective_and_beta_held_when_nothing_ranks():
     assert "margin" not in stats
     objective.after_step(stats)
     assert objective.beta == pytest.approx(0.825, abs=1e-12)
+
+
+def test_reward_aligned_distillation_drops_the_misaligned_records():
+    """Three records, one token each, KL 1, 2, 4: a success the teacher favours (aligned), a success it disfavours
+    (misaligned), a failure it disfavours (aligned). Dropped: (1 + 4) / 3; weighed 1/2: (1 + 1 + 4) / 3."""
+    from lopd_core.loss_head import HeadOutputs
+    from lopd_core.methods import DistillObjective
+
+    rows = torch.arange(3)
+    student = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64)
+    kl = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)
+    head = HeadOutputs(student, kl=kl, teacher_logp=student + torch.tensor([0.3, -0.2, -0.6], dtype=torch.float64))
+    batch = DistillBatch(rows, 3, torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64), rows, TeacherInputs())
+    for weight, expected in ((0.0, 5 / 3), (0.5, 6 / 3)):
+        loss, stats = DistillObjective(LOPDConfig(reward_aligned=True, misaligned_weight=weight)).loss(head, batch)
+        assert loss.item() == pytest.approx(expected, abs=1e-12)
+        assert stats["ra_misaligned"] == pytest.approx(1 / 3)
+    loss, stats = DistillObjective(LOPDConfig()).loss(head, batch)
+    assert loss.item() == pytest.approx(7 / 3) and "ra_misaligned" not in stats
