@@ -304,6 +304,13 @@ class LOPDConfig(StrictModel):
         "generalised Jensen-Shannon with beta = divergence_coef; mix = divergence_coef * forward + (1 - "
         "divergence_coef) * reverse (lopd_core.losses.bucket_divergence).",
     )
+    distill_form: Literal["divergence", "policy_gradient", "vopd", "sign"] = Field(
+        "divergence",
+        description="How every distillation method distils: divergence = the bucket divergence's gradient "
+        "(eq. 10, `divergence`); policy_gradient = OPD as REINFORCE with per-token reward log pT(a) - log pS(a); "
+        "vopd = the same minus vOPD's baseline, the position's top-M reverse KL (needs divergence=reverse_kl); "
+        "sign = KL-free OPD, the reward's sign only. The last three train the student only (lopd_core.losses).",
+    )
     divergence_coef: float = Field(
         0.5,
         ge=0,
@@ -415,6 +422,15 @@ class LOPDConfig(StrictModel):
                 "data_parallel=fsdp needs student_mode=full: a LoRA student is the backbone that the teacher and the "
                 "composer also run, a different number of times on each rank, so its layers cannot be sharded; use "
                 "data_parallel=ddp (or auto) for LoRA, whose trainable weights are small"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _vopd_needs_the_reverse_kl(self) -> LOPDConfig:
+        if self.distill_form == "vopd" and self.divergence != "reverse_kl":
+            raise ValueError(
+                f"distill_form: vopd's baseline is the position's reverse KL, but divergence is {self.divergence!r}; "
+                "set divergence: reverse_kl or distill_form: policy_gradient"
             )
         return self
 

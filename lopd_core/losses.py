@@ -126,6 +126,27 @@ def topm_tail_divergence(
     return masked_mean(bucket_divergence(buckets_s, buckets_t, divergence, coef), mask)
 
 
+def opd_policy_gradient(
+    student_logp: torch.Tensor, teacher_logp: torch.Tensor, baseline: torch.Tensor | None = None
+) -> torch.Tensor:
+    """OPD as a policy gradient (vOPD, seed 004), per token: -(r - b) log pS(a) with the per-token reward
+    r = log pT(a) - log pS(a) and a baseline b, both detached (`baseline` None: b = 0, plain single-sample OPD).
+
+    Sampling a ~ pS, the expected gradient is that of -E[r] = KL(pS || pT) for any b that does not depend on a,
+    so b only lowers the variance; vOPD's b is the value -KL(pS || pT) of the position, here on the top-M buckets.
+    The teacher gets no gradient: this form distils into the student only.
+    """
+    reward = (teacher_logp - student_logp).detach()
+    advantage = reward if baseline is None else reward - baseline.detach()
+    return -advantage * student_logp
+
+
+def opd_sign(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """KL-free OPD (seed 004), per token: -sign(log pT(a) - log pS(a)) log pS(a): raise the sampled token where the
+    teacher gives it more probability than the student, lower it where less, by the direction alone."""
+    return -torch.sign((teacher_logp - student_logp).detach()) * student_logp
+
+
 def token_logprob(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Full-vocabulary log p(tokens) from aligned logits: [B, T, V], [B, T] -> [B, T]."""
     return logits.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

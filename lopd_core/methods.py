@@ -30,7 +30,15 @@ from lopd_core.composer import Composer
 from lopd_core.config import LOPDConfig
 from lopd_core.conversation import Trajectory
 from lopd_core.loss_head import HeadOutputs
-from lopd_core.losses import anchor_penalty, balanced_margin, dual_step, lagrangian, reward_aligned_weights
+from lopd_core.losses import (
+    anchor_penalty,
+    balanced_margin,
+    dual_step,
+    lagrangian,
+    opd_policy_gradient,
+    opd_sign,
+    reward_aligned_weights,
+)
 from lopd_core.models import latent_teacher_adapter
 from lopd_core.serialization import TeacherContext
 
@@ -280,14 +288,26 @@ class DistillObjective:
         if head.kl is None or head.teacher_logp is None:
             raise ValueError(f"{type(self).__name__} needs the teacher's side of the loss head")
         norm = self.cfg.loss_normalization
-        kl, stats = head.kl, {}
+        kl, per_token, stats = head.kl, self._distill_tokens(head), {}
         if self.cfg.reward_aligned:  # RA-OPD: records whose distillation direction disagrees with their verdict
             weights = reward_aligned_weights(head.privilege, batch.rows, batch.advantages, self.cfg.misaligned_weight)
-            kl = kl * weights[batch.rows]
+            kl, per_token = kl * weights[batch.rows], per_token * weights[batch.rows]
             stats["ra_misaligned"] = (weights != 1).sum().item() / max(batch.n_records_global or batch.n_records, 1)
-        distill = batch.reduce(kl, norm)
-        stats["distill_kl"] = distill.item()
+        distill = batch.reduce(per_token, norm)
+        stats["distill_kl"] = batch.reduce(kl.detach(), norm).item()
         return (distill, *self._margin(head, batch), stats)
+
+    def _distill_tokens(self, head: HeadOutputs) -> torch.Tensor:
+        """The per-token distillation term by `distill_form`: the divergence itself, or a policy-gradient surrogate
+        whose gradient distils (its value is not a divergence: `distill_kl` still logs the divergence)."""
+        assert head.kl is not None and head.teacher_logp is not None
+        form = self.cfg.distill_form
+        if form == "divergence":
+            return head.kl
+        if form == "sign":
+            return opd_sign(head.student_logp, head.teacher_logp)
+        baseline = -head.kl if form == "vopd" else None
+        return opd_policy_gradient(head.student_logp, head.teacher_logp, baseline)
 
     def _margin(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, float | None]:
         """(Delta in the loss, Delta for the dual step and the logs; None when undefined), by `margin_advantage`."""

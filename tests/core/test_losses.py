@@ -366,3 +366,35 @@ def test_reward_aligned_weights_hand_checked():
     assert not L.reward_aligned_weights(priv, rows, adv).requires_grad
     with pytest.raises(ValueError, match="misaligned_weight"):
         L.reward_aligned_weights(priv, rows, adv, 1.5)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_opd_policy_gradient_in_expectation_is_the_full_reverse_kl_gradient(seed):
+    """Enumerate every token a of one position with weight pS(a): the expected gradient of -(r - b) log pS(a) is
+    the gradient of the full-vocabulary KL(pS || pT), with or without a baseline (which then adds 0)."""
+    g = torch.Generator().manual_seed(seed)
+    V = 11
+    s = (torch.randn(V, generator=g, dtype=torch.float64) * 2).requires_grad_()
+    t = torch.randn(V, generator=g, dtype=torch.float64) * 2
+    ls, lt = _log_softmax(s), _log_softmax(t)
+    full_kl = sum(torch.exp(ls[a]) * (ls[a] - lt[a]) for a in range(V))
+    want = torch.autograd.grad(full_kl, s)[0]
+    for baseline in (None, torch.tensor(0.7, dtype=torch.float64), -full_kl.detach()):
+        expected = torch.zeros(V, dtype=torch.float64)
+        for a in range(V):
+            logp_a = _log_softmax(s)[a]
+            surrogate = L.opd_policy_gradient(logp_a, lt[a], baseline)
+            expected += torch.exp(ls[a]).detach() * torch.autograd.grad(surrogate, s)[0]
+        assert torch.allclose(expected, want, atol=1e-12)
+
+
+def test_opd_policy_gradient_and_sign_hand_checked():
+    student = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64, requires_grad=True)
+    teacher = torch.tensor([-0.5, -2.5, -0.5], dtype=torch.float64, requires_grad=True)
+    pg = L.opd_policy_gradient(student, teacher, torch.tensor([0.1, 0.1, 0.1], dtype=torch.float64))
+    # r = (0.5, -0.5, 0); the loss -(r - b) logp has d/dlogp = -(r - b)
+    g_s, g_t = torch.autograd.grad(pg.sum(), (student, teacher), allow_unused=True)
+    assert g_s.tolist() == pytest.approx([-0.4, 0.6, 0.1], abs=1e-12)
+    assert g_t is None or g_t.abs().max() == 0  # the teacher is not trained by this form
+    sign = L.opd_sign(student, teacher)
+    assert torch.autograd.grad(sign.sum(), student)[0].tolist() == [-1.0, 1.0, 0.0]

@@ -196,3 +196,28 @@ def test_reward_aligned_distillation_drops_the_misaligned_records():
         assert stats["ra_misaligned"] == pytest.approx(1 / 3)
     loss, stats = DistillObjective(LOPDConfig()).loss(head, batch)
     assert loss.item() == pytest.approx(7 / 3) and "ra_misaligned" not in stats
+
+
+@pytest.mark.parametrize("form", ["policy_gradient", "vopd", "sign"])
+def test_distill_forms_in_the_objective(form):
+    """Per token: delta = (0.3, -0.2, -0.6), bucket KL (1, 2, 4), token mean over 3. The student log-prob's
+    gradient is -(delta)/3, -(delta + KL)/3 (vOPD's baseline -KL) or -sign(delta)/3; distill_kl logs the KL."""
+    from lopd_core.loss_head import HeadOutputs
+    from lopd_core.methods import DistillObjective
+
+    rows = torch.arange(3)
+    student = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64, requires_grad=True)
+    delta = torch.tensor([0.3, -0.2, -0.6], dtype=torch.float64)
+    kl = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)
+    head = HeadOutputs(student, kl=kl, teacher_logp=student.detach() + delta)
+    batch = DistillBatch(rows, 3, torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64), rows, TeacherInputs())
+    loss, stats = DistillObjective(LOPDConfig(distill_form=form)).loss(head, batch)
+    expected = {"policy_gradient": -delta, "vopd": -(delta + kl), "sign": -torch.sign(delta)}[form] / 3
+    assert torch.allclose(torch.autograd.grad(loss, student)[0], expected, atol=1e-12)
+    assert stats["distill_kl"] == pytest.approx(7 / 3)
+
+
+def test_vopd_needs_the_reverse_kl():
+    with pytest.raises(ValueError, match="distill_form"):
+        LOPDConfig(distill_form="vopd", divergence="forward_kl")
+    LOPDConfig(distill_form="policy_gradient", divergence="forward_kl")
