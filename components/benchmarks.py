@@ -15,7 +15,7 @@ from typing import Any
 
 from components.artifacts import ArtifactStore
 from components.common import open_suite
-from components.evaluate import DEFAULT_LIMITS, TEXT_TEACHERS, BenchmarkSpec, EvaluateSpec
+from components.evaluate import DEFAULT_LIMITS, BenchmarkSpec, EvaluateSpec
 from lopd_core.artifacts import ArtifactRef, sha256_path
 from lopd_core.config import RolloutConfig
 from lopd_core.conversation import Trajectory
@@ -192,16 +192,17 @@ def text_teacher_policy(
     from lopd_core import skills
     from lopd_core.conversation import Message
     from lopd_core.evaluation.teacher import TextTeacherRollout
-    from lopd_core.methods import build_method
+    from lopd_core.methods import METHODS, build_method
     from lopd_core.sft import reference_traces
 
     models = loaded.lopd
     method = loaded.description.get("method")
-    if models is None or method not in TEXT_TEACHERS:
-        raise ValueError(f"teacher_eval acts with a text teacher: it needs the checkpoint of a "
-                         f"{'/'.join(TEXT_TEACHERS)} run, got {method or 'a model without a method'}")  # fmt: skip
+    if models is None or method not in METHODS or not METHODS[method].acting_teacher:
+        acting = "/".join(name for name, rules in METHODS.items() if rules.acting_teacher)
+        raise ValueError(f"teacher_eval acts with a text teacher: it needs the checkpoint of a {acting} run, got "
+                         f"{method or 'a model without a method'}")  # fmt: skip
     notes: dict[str, str] = {}
-    if method == "skill_sd":
+    if METHODS[method].reads_notes:
         if spec.dataset is None:
             raise ValueError("teacher_eval of a skill_sd run needs `dataset` (the collect stage's trajectories)")
         notes = skills.skill_notes(read_trajectories(resolve(spec.dataset, store, "dataset")[0]))

@@ -63,15 +63,12 @@ class TrainSpec(StageSpec):
 
     @model_validator(mode="after")
     def _needs(self) -> TrainSpec:
-        if self.lopd.method == "lopd" and (self.bank_snapshot is None or self.composer is None):
-            raise ValueError("method 'lopd' needs bank_snapshot (bank stage) and composer (cold-start stage)")
-        if self.lopd.method == "grpo" and self.schedule.samples_per_task < 2:
-            raise ValueError("method 'grpo' needs schedule.samples_per_task >= 2 (the group size G)")
-        if self.lopd.method == "sdpo" and self.schedule.samples_per_task < 2:
-            raise ValueError(
-                "method 'sdpo' needs schedule.samples_per_task >= 2: its teacher reads a successful "
-                "sibling attempt of the same task from the group (with 1 it would see feedback only)"
-            )
+        from lopd_core.methods import METHODS  # the method's rules (torch and transformers: imported when used)
+
+        name, method = self.lopd.method, METHODS[self.lopd.method]
+        if method.reads_bank and (self.bank_snapshot is None or self.composer is None):
+            raise ValueError(f"method {name!r} needs bank_snapshot (bank stage) and composer (cold-start stage)")
+        method.check_group(name, self.schedule.samples_per_task)
         ranks = self.nproc * self.nodes
         if self.schedule.tasks_per_step < ranks:
             where = f"nproc={self.nproc}" if self.nodes == 1 else f"nodes x nproc = {self.nodes} x {self.nproc}"
@@ -103,15 +100,19 @@ def _tasks(spec: TrainSpec, suite) -> list:  # type: ignore[no-untyped-def]
 def _check_bank_size(count: int, cfg: LOPDConfig, snapshot: ArtifactRef) -> None:
     """LOPD's teacher reads the bank's successes: one too small to fill a retrieval's J slots is an error
     unless `lopd.min_bank_size` allows it (0: any bank, even an empty one)."""
+    from lopd_core.methods import METHODS
+
+    if not METHODS[cfg.method].reads_bank:
+        return
     minimum = cfg.n_retrieved if cfg.min_bank_size is None else cfg.min_bank_size
-    if cfg.method == "lopd" and count < minimum:
+    if count < minimum:
         raise ValueError(
             f"bank snapshot {snapshot.uri} holds {count} entries, fewer than LOPD needs ({minimum}: lopd."
             f"min_bank_size, by default n_retrieved = J): its teacher would read placeholder items instead of past "
             f"successes. Fill the bank (collect more successes, or lower the bank stage's success_threshold), or "
             f"set lopd.min_bank_size={count} to train with it anyway"
         )
-    if cfg.method == "lopd" and count < cfg.n_retrieved:
+    if count < cfg.n_retrieved:
         logger.warning(
             "bank snapshot %s holds %d entries, fewer than n_retrieved=%d (allowed by lopd.min_bank_size=%d): "
             "LOPD's teacher reads placeholder items for the missing ones (n_placeholder_experiences)",

@@ -80,7 +80,8 @@ def distill_head(
     divergence: str = "reverse_kl",
     divergence_coef: float = 0.5,
 ) -> HeadOutputs:
-    """Per-token divergence (`lopd_core.losses.bucket_divergence`: reverse KL by default), log pT(a), log pS(a) and top-M mass for N aligned positions.
+    """Per-token divergence (`lopd_core.losses.bucket_divergence`, reverse KL by default), log pT(a), log pS(a)
+    and top-M mass for N aligned positions.
 
     h_student, h_teacher [N, d] are the final hidden states that predict `targets` [N]; w_student, w_teacher
     [V, d] are the lm-head weights (the same tensor when the student is a LoRA over the teacher's backbone).

@@ -125,6 +125,7 @@ class TextContext(NoContext):
 
     requires_context = True
     default_sync = "ema"  # the teacher's weights unless `baseline.teacher_sync` says: "frozen" or "ema"
+    from_task_alone = True  # the context needs only the task (so the teacher can act with it), not an attempt
 
     def __init__(self, models: LOPDModels, cfg: LOPDConfig) -> None:
         sync = cfg.baseline.teacher_sync if cfg.baseline.teacher_sync != "default" else self.default_sync
@@ -217,6 +218,8 @@ class FeedbackContext(TextContext):
     attempt with no successful sibling carries no feedback: it is left out (the paper does not reprompt a
     rollout with itself).
     """
+
+    from_task_alone = False
 
     def describe(self, trajectory: Trajectory, batch: Sequence[Trajectory]) -> str | None:
         parts = []
@@ -332,6 +335,10 @@ class DistillObjective:
     def after_step(self, stats: Mapping[str, float]) -> None:
         pass
 
+    def metrics(self) -> dict[str, float]:
+        """The objective's own state, logged after each step (none here)."""
+        return {}
+
     def state_dict(self) -> dict[str, float]:
         return {}
 
@@ -367,6 +374,9 @@ class LOPDObjective(DistillObjective):
     def after_step(self, stats: Mapping[str, float]) -> None:
         if "margin" in stats:  # an undefined balanced margin (nothing to rank) holds beta
             self.beta = dual_step(self.beta, stats["margin"], self.cfg.margin_target, self.cfg.dual_lr)
+
+    def metrics(self) -> dict[str, float]:
+        return {"beta": float(self.beta)}
 
     def state_dict(self) -> dict[str, float]:
         return {"beta": self.beta}
@@ -429,12 +439,36 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float = 1
 
 @dataclass(frozen=True)
 class Method:
-    """A method = a teacher-context strategy + an objective, and the inputs the strategy needs."""
+    """A method = a teacher-context strategy + an objective, and the rules the rest of the platform reads from it
+    (configs, specs and the train and evaluate stages ask `METHODS[name]`, never the name itself)."""
 
     strategy: Callable[..., NoContext]  # (models, cfg, inputs) -> strategy
     context: type[NoContext]  # the strategy's class: what the teacher reads
     objective: type[DistillObjective]
-    needs: tuple[str, ...] = ()  # of: retrieve, solutions, skills
+    needs: tuple[str, ...] = ()  # of: retrieve (the bank and the composer), solutions, skills (notes)
+    min_group: int = 1  # rollouts per task that a step needs (schedule.samples_per_task)
+    group_reason: str = ""  # why, for the error when the schedule has fewer
+
+    @property
+    def reads_bank(self) -> bool:
+        """Its teacher retrieves from the experience bank through the cold-started composer (LOPD)."""
+        return "retrieve" in self.needs
+
+    @property
+    def reads_notes(self) -> bool:
+        """Its teacher reads skill notes built from the collect stage's trajectories (Skill-SD)."""
+        return "skills" in self.needs
+
+    @property
+    def acting_teacher(self) -> bool:
+        """Its teacher can act as a policy with its text context (teacher_eval): a context built from the task
+        alone, not from the student's own attempt."""
+        return issubclass(self.context, TextContext) and self.context.from_task_alone
+
+    def check_group(self, name: str, samples_per_task: int, field: str = "schedule.samples_per_task") -> None:
+        """A clear error when a step's groups are smaller than the method needs."""
+        if samples_per_task < self.min_group:
+            raise ValueError(f"method {name!r} needs {field} >= {self.min_group}: {self.group_reason}")
 
 
 METHODS: dict[str, Method] = {  # every method, once (its name is config.MethodName)
@@ -453,9 +487,22 @@ METHODS: dict[str, Method] = {  # every method, once (its name is config.MethodN
         DistillObjective,
         ("solutions",),
     ),
-    "sdpo": Method(lambda m, c, i: FeedbackContext(m, c), FeedbackContext, DistillObjective),
+    "sdpo": Method(
+        lambda m, c, i: FeedbackContext(m, c),
+        FeedbackContext,
+        DistillObjective,
+        min_group=2,
+        group_reason="its teacher reads a successful sibling attempt of the same task from the group (with 1 it "
+        "would see feedback only)",
+    ),
     "skill_sd": Method(lambda m, c, i: SkillContext(m, c, i["skills"]), SkillContext, DistillObjective, ("skills",)),
-    "grpo": Method(lambda m, c, i: NoContext(), NoContext, GRPOObjective),
+    "grpo": Method(
+        lambda m, c, i: NoContext(),
+        NoContext,
+        GRPOObjective,
+        min_group=2,
+        group_reason="the group size G: GRPO normalises each advantage within its task's G rollouts",
+    ),
 }
 
 

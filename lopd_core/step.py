@@ -233,8 +233,7 @@ class TrainStep:
                 diagnostics, weights = teacher_diagnostics(head.privilege, inputs.rows, inputs.rewards, inputs.marked)
                 metrics.update(diagnostics)
                 self._weights.update(weights)
-        if hasattr(self.objective, "beta"):
-            shared["beta"] = float(self.objective.beta)  # after the dual step
+        shared.update(self.objective.metrics())  # its state after the step (LOPD: beta after the dual step)
         return self._finish(metrics, t0, updated=True, shared=shared)
 
     def _collate(self, views: list[tuple[Trajectory, Any, Any]]) -> StepInputs:
