@@ -262,26 +262,20 @@ def student_policy(
 ) -> Iterator[Callable[[BenchmarkSpec, RolloutConfig], Policy]]:
     """The student as a policy per benchmark. With rollout.engine=vllm one vLLM worker serves every benchmark: it
     starts on first use and is closed on exit."""
-    from lopd_core.rollout import RolloutEngine
+    from lopd_core.engines import make_engine, make_server
 
-    vllm: list[Any] = []
+    servers: list[Any] = []  # a vLLM worker, started on first use, serves every benchmark (none for hf)
     longest = max((rollout_config(b, spec).max_total_tokens for b, *_ in plan), default=4096)
 
     def make(bench: BenchmarkSpec, cfg: RolloutConfig) -> Policy:
-        if cfg.engine == "vllm":
-            from lopd_core.vllm_engine import VllmRolloutEngine, VllmServer
-
-            if not vllm:
-                vllm.append(VllmServer(loaded.model, max_model_len=longest + 1, seed=spec.seed,
-                                       enforce_eager=not cfg.vllm_compile,
-                                       kv_cache_bytes=cfg.vllm_kv_cache_mb << 20))  # fmt: skip
-            engine: RolloutEngine = VllmRolloutEngine(loaded.model, loaded.tokenizer, cfg, server=vllm[0])
-        else:
-            engine = RolloutEngine(loaded.model, loaded.tokenizer, cfg)
+        if not servers:
+            servers.append(make_server(loaded.model, cfg, max_model_len=longest + 1, seed=spec.seed))
+        engine = make_engine(loaded.model, loaded.tokenizer, cfg, server=servers[0])
         return lambda episodes: engine.run(episodes, desc=bench.label)
 
     try:
         yield make
     finally:
-        for server in vllm:
-            server.close()
+        for server in servers:
+            if server is not None:
+                server.close()

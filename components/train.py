@@ -130,9 +130,9 @@ def train(spec: TrainSpec) -> StageResult:
     from components.memory import open_snapshot
     from lopd_core.checkpoint import load_model_tensors
     from lopd_core.distributed import init_distributed
+    from lopd_core.engines import make_engine
     from lopd_core.methods import METHODS
     from lopd_core.models import build_models
-    from lopd_core.rollout import RolloutEngine
     from lopd_core.serialization import ChatSerializer
     from lopd_core.sft import reference_traces
     from lopd_core.step import TrainStep, build_method
@@ -213,33 +213,27 @@ def train(spec: TrainSpec) -> StageResult:
         step = TrainStep(models, ChatSerializer(tok, cfg.max_seq_len), strategy, objective, cfg, sink,
                          token_marks=getattr(suite, "rule_spans", None))  # fmt: skip
 
-        vllm = None  # rollout.engine=vllm: one worker for the whole run, the student's weights loaded after each step
-        if spec.rollout.engine == "vllm":
-            from lopd_core.vllm_engine import VllmRolloutEngine
+        # one engine for the whole run (make_engine: "hf" samples from the student itself; "vllm" holds a copy of
+        # its weights in a worker process, loaded after every update and before the first rollout, since a
+        # checkpoint may have restored the weights after the engine started)
+        with step.gathered(), models.acting_student() as acting:
+            engine = bank_scope.enter_context(make_engine(acting, tok, spec.rollout.seeded(cfg.seed, progress=False)))
+        synced = [False]
 
-            with step.gathered(), models.acting_student() as acting:
-                vllm = bank_scope.enter_context(
-                    VllmRolloutEngine(acting, tok, spec.rollout.seeded(cfg.seed, progress=False))
-                )
-            synced = [False]
+        def sync() -> None:
+            with models.acting_student() as acting:
+                engine.sync(acting)
+            synced[0] = True
 
-            def sync() -> None:
-                with models.acting_student() as acting:
-                    vllm.sync_weights(acting)
-                synced[0] = True
-
+        if engine.holds_weights:
             step.after_update.append(sync)
 
         def rollout(batch):  # type: ignore[no-untyped-def]
             # a fresh, reproducible stream per step, and per rank (rank 0 draws the one-rank stream)
             seed = cfg.seed * 1_000_003 + step.step_index + world.rank * RANK_SEED_STRIDE
-            config = spec.rollout.seeded(seed, progress=False)
-            if vllm is not None:
-                if not synced[0]:  # the first rollout: weights may have been restored from a checkpoint since start
-                    sync()
-                vllm.config = config.model_copy(update={"reuse_cache": False})
-                return vllm.run([suite.episode(t) for t in batch])
-            engine = RolloutEngine(models.student, tok, config)
+            if engine.holds_weights and not synced[0]:
+                sync()
+            engine.config = spec.rollout.seeded(seed, progress=False)
             return engine.run([suite.episode(t) for t in batch])
 
         def on_checkpoint(path: Path, n: int) -> None:
