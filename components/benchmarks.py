@@ -264,18 +264,18 @@ def student_policy(
     starts on first use and is closed on exit."""
     from lopd_core.engines import make_engine, make_server
 
-    servers: list[Any] = []  # a vLLM worker, started on first use, serves every benchmark (none for hf)
+    servers: dict[str, Any] = {}  # per engine kind: vLLM's worker, started on first use, serves every benchmark
     longest = max((rollout_config(b, spec).max_total_tokens for b, *_ in plan), default=4096)
 
     def make(bench: BenchmarkSpec, cfg: RolloutConfig) -> Policy:
-        if not servers:
-            servers.append(make_server(loaded.model, cfg, max_model_len=longest + 1, seed=spec.seed))
-        engine = make_engine(loaded.model, loaded.tokenizer, cfg, server=servers[0])
+        if cfg.engine not in servers:  # None for hf, whose engines share nothing
+            servers[cfg.engine] = make_server(loaded.model, cfg, max_model_len=longest + 1, seed=spec.seed)
+        engine = make_engine(loaded.model, loaded.tokenizer, cfg, server=servers[cfg.engine])
         return lambda episodes: engine.run(episodes, desc=bench.label)
 
     try:
         yield make
     finally:
-        for server in servers:
+        for server in servers.values():
             if server is not None:
                 server.close()

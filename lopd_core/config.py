@@ -307,9 +307,11 @@ class LOPDConfig(StrictModel):
     distill_form: Literal["divergence", "policy_gradient", "vopd", "sign"] = Field(
         "divergence",
         description="How every distillation method distils: divergence = the bucket divergence's gradient "
-        "(eq. 10, `divergence`); policy_gradient = OPD as REINFORCE with per-token reward log pT(a) - log pS(a); "
-        "vopd = the same minus vOPD's baseline, the position's top-M reverse KL (needs divergence=reverse_kl); "
-        "sign = KL-free OPD, the reward's sign only. The last three train the student only (lopd_core.losses).",
+        "(eq. 10, `divergence`); policy_gradient = OPD as REINFORCE with per-token reward r = log pT(a) - log pS(a); "
+        "vopd = the same less vOPD's baseline b = -KL(pS || pT) on the top-M buckets, the position's value E[r] "
+        "(needs divergence=reverse_kl); sign = KL-free OPD, sign(r) only. The last three train the student only, "
+        "and their expected gradient is reverse KL's only for rollouts sampled from the student itself "
+        "(temperature 1, top_p 1; lopd_core.losses).",
     )
     divergence_coef: float = Field(
         0.5,
@@ -431,6 +433,15 @@ class LOPDConfig(StrictModel):
             raise ValueError(
                 f"distill_form: vopd's baseline is the position's reverse KL, but divergence is {self.divergence!r}; "
                 "set divergence: reverse_kl or distill_form: policy_gradient"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _balanced_margin_is_per_record(self) -> LOPDConfig:
+        if self.margin_advantage == "balanced" and self.loss_normalization == "reference":
+            raise ValueError(
+                "margin_advantage: balanced is a mean over records already, and loss_normalization: reference "
+                "rescales the composer's side per record a second time; use loss_normalization: token or record"
             )
         return self
 

@@ -70,7 +70,11 @@ def bucket_divergence(
     if divergence == "jsd":
         if not 0 < coef < 1:
             raise ValueError(f"jsd's beta (divergence_coef) must lie in (0, 1), got {coef}")
-        mixture = torch.logaddexp(teacher_buckets + math.log(coef), student_buckets + math.log1p(-coef))
+        # a bucket empty on both sides stays empty in M; logaddexp(-inf, -inf)'s backward would be NaN
+        empty = torch.isneginf(teacher_buckets) & torch.isneginf(student_buckets)
+        t, st = (torch.where(empty, torch.zeros_like(x), x) for x in (teacher_buckets, student_buckets))
+        mixture = torch.logaddexp(t + math.log(coef), st + math.log1p(-coef))
+        mixture = torch.where(empty, torch.full_like(mixture, float("-inf")), mixture)
         return coef * _kl(teacher_buckets, mixture) + (1 - coef) * _kl(student_buckets, mixture)
     if divergence == "mix":
         if not 0 <= coef <= 1:
@@ -186,7 +190,7 @@ def balanced_margin(
     (nothing to rank). `privilege` [N], `rows` [N] record index per token, `advantages` [B]. Data-parallel:
     `n_success`, `n_failure` are the step's counts over every rank, and the result is this rank's share.
     """
-    n_records = advantages.shape[0]
+    n_records = advantages.shape[0]  # records without tokens count as neither (the step collates none)
     sums = privilege.new_zeros(n_records).index_add(0, rows, privilege)
     counts = privilege.new_zeros(n_records).index_add(0, rows, torch.ones_like(privilege))
     per_record = sums / counts.clamp_min(1.0)
@@ -198,22 +202,27 @@ def balanced_margin(
     return 0.5 * per_record[success].sum() / n_s - 0.5 * per_record[failure].sum() / n_f
 
 
-def reward_aligned_weights(
-    privilege: torch.Tensor, rows: torch.Tensor, advantages: torch.Tensor, misaligned_weight: float = 0.0
-) -> torch.Tensor:
-    """RA-OPD's filter (Reward-Aligned OPD, seed 004), per record [B]: 1 where the distillation direction agrees
-    with the verdict, `misaligned_weight` (0 = drop) where it does not.
+def misaligned_records(privilege: torch.Tensor, rows: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """RA-OPD's test (Reward-Aligned OPD, seed 004), per record [B] (bool): whether its distillation direction
+    disagrees with its verdict.
 
     A record's distillation return is the sum of its tokens' delta = log pT(a) - log pS(a) (detached): distilling
     raises the record's likelihood when it is > 0 and lowers it when it is < 0. It agrees with a success (A > 0)
     when > 0 and with a failure (A < 0) when < 0; a return of 0, or A = 0, counts as aligned (nothing to disagree).
     """
+    returns = privilege.detach().new_zeros(advantages.shape[0]).index_add(0, rows, privilege.detach())
+    return returns * advantages.to(returns.dtype) < 0
+
+
+def reward_aligned_weights(
+    privilege: torch.Tensor, rows: torch.Tensor, advantages: torch.Tensor, misaligned_weight: float = 0.0
+) -> torch.Tensor:
+    """RA-OPD's filter per record [B]: 1 where aligned, `misaligned_weight` (0 = drop) where `misaligned_records`."""
     if not 0 <= misaligned_weight <= 1:
         raise ValueError(f"misaligned_weight must lie in [0, 1], got {misaligned_weight}")
-    returns = privilege.detach().new_zeros(advantages.shape[0]).index_add(0, rows, privilege.detach())
-    misaligned = returns * advantages.to(returns.dtype) < 0
-    weights = torch.ones_like(returns)
-    return torch.where(misaligned, torch.full_like(returns, misaligned_weight), weights)
+    misaligned = misaligned_records(privilege, rows, advantages)
+    ones = torch.ones(advantages.shape[0], dtype=privilege.dtype, device=privilege.device)
+    return torch.where(misaligned, torch.full_like(ones, misaligned_weight), ones)
 
 
 def anchor_penalty(latents: torch.Tensor, cold_start_latents: torch.Tensor, reduction: str = "sum") -> torch.Tensor:

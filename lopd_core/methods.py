@@ -35,6 +35,7 @@ from lopd_core.losses import (
     balanced_margin,
     dual_step,
     lagrangian,
+    misaligned_records,
     opd_policy_gradient,
     opd_sign,
     reward_aligned_weights,
@@ -295,14 +296,16 @@ class DistillObjective:
         if self.cfg.reward_aligned:  # RA-OPD: records whose distillation direction disagrees with their verdict
             weights = reward_aligned_weights(head.privilege, batch.rows, batch.advantages, self.cfg.misaligned_weight)
             kl, per_token = kl * weights[batch.rows], per_token * weights[batch.rows]
-            stats["ra_misaligned"] = (weights != 1).sum().item() / max(batch.n_records_global or batch.n_records, 1)
+            misaligned = misaligned_records(head.privilege, batch.rows, batch.advantages).sum().item()
+            stats["ra_misaligned"] = misaligned / max(batch.n_records_global or batch.n_records, 1)
         distill = batch.reduce(per_token, norm)
         stats["distill_kl"] = batch.reduce(kl.detach(), norm).item()
         return (distill, *self._margin(head, batch), stats)
 
     def _distill_tokens(self, head: HeadOutputs) -> torch.Tensor:
         """The per-token distillation term by `distill_form`: the divergence itself, or a policy-gradient surrogate
-        whose gradient distils (its value is not a divergence: `distill_kl` still logs the divergence)."""
+        whose gradient distils (its value is not a divergence: `distill_kl` still logs the divergence, weighed by
+        RA-OPD's filter when `reward_aligned` is on)."""
         assert head.kl is not None and head.teacher_logp is not None
         form = self.cfg.distill_form
         if form == "divergence":

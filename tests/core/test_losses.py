@@ -364,6 +364,7 @@ def test_reward_aligned_weights_hand_checked():
     assert L.reward_aligned_weights(priv, rows, adv).tolist() == [1.0, 0.0, 0.0, 1.0, 1.0]
     assert L.reward_aligned_weights(priv, rows, adv, 0.25).tolist() == [1.0, 0.25, 0.25, 1.0, 1.0]
     assert not L.reward_aligned_weights(priv, rows, adv).requires_grad
+    assert L.misaligned_records(priv, rows, adv).tolist() == [False, True, True, False, False]
     with pytest.raises(ValueError, match="misaligned_weight"):
         L.reward_aligned_weights(priv, rows, adv, 1.5)
 
@@ -398,3 +399,15 @@ def test_opd_policy_gradient_and_sign_hand_checked():
     assert g_t is None or g_t.abs().max() == 0  # the teacher is not trained by this form
     sign = L.opd_sign(student, teacher)
     assert torch.autograd.grad(sign.sum(), student)[0].tolist() == [-1.0, 1.0, 0.0]
+
+
+def test_divergences_on_a_bucket_empty_on_both_sides():
+    """A bucket with probability 0 for student and teacher (a masked token) adds 0 to every form, gradient included."""
+    s = torch.tensor([0.0, -1.0, float("-inf")], dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([-0.5, -0.2, float("-inf")], dtype=torch.float64, requires_grad=True)
+    for kind, coef in DIVERGENCE_CASES:
+        full = L.bucket_divergence(s.log_softmax(-1), t.log_softmax(-1), kind, coef)
+        two = L.bucket_divergence(s[:2].log_softmax(-1), t[:2].log_softmax(-1), kind, coef)
+        assert torch.allclose(full, two, atol=1e-12), kind
+        gs, gt = torch.autograd.grad(full, (s, t))
+        assert torch.isfinite(gs).all() and torch.isfinite(gt).all(), kind

@@ -190,7 +190,7 @@ def test_reward_aligned_distillation_drops_the_misaligned_records():
     kl = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)
     head = HeadOutputs(student, kl=kl, teacher_logp=student + torch.tensor([0.3, -0.2, -0.6], dtype=torch.float64))
     batch = DistillBatch(rows, 3, torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64), rows, TeacherInputs())
-    for weight, expected in ((0.0, 5 / 3), (0.5, 6 / 3)):
+    for weight, expected in ((0.0, 5 / 3), (0.5, 6 / 3), (1.0, 7 / 3)):
         loss, stats = DistillObjective(LOPDConfig(reward_aligned=True, misaligned_weight=weight)).loss(head, batch)
         assert loss.item() == pytest.approx(expected, abs=1e-12)
         assert stats["ra_misaligned"] == pytest.approx(1 / 3)
@@ -221,3 +221,8 @@ def test_vopd_needs_the_reverse_kl():
     with pytest.raises(ValueError, match="distill_form"):
         LOPDConfig(distill_form="vopd", divergence="forward_kl")
     LOPDConfig(distill_form="policy_gradient", divergence="forward_kl")
+
+
+def test_balanced_margin_refuses_the_reference_normalisation():
+    with pytest.raises(ValueError, match="margin_advantage: balanced"):
+        LOPDConfig(margin_advantage="balanced", loss_normalization="reference")
