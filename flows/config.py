@@ -25,6 +25,7 @@ from lopd_core.config import (
     LOPDConfig,
     LoraSpec,
     MethodName,
+    OPDOptions,
     RolloutConfig,
     ScheduleConfig,
     SFTConfig,
@@ -86,6 +87,12 @@ class SweepLOPDConfig(LOPDConfig):
     baseline: BaselineConfig = Field(
         BaselineConfig(),
         description="Knobs of the baselines (GRPO clip and KL, teacher sync); LOPD ignores them.",
+        json_schema_extra=FOLDED,
+    )
+    opd: OPDOptions = Field(
+        OPDOptions(),
+        description="The OPD family's options for every distillation method: divergence, distill_form, "
+        "reward_aligned (docs/methods.md).",
         json_schema_extra=FOLDED,
     )
 

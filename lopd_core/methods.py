@@ -293,8 +293,10 @@ class DistillObjective:
             raise ValueError(f"{type(self).__name__} needs the teacher's side of the loss head")
         norm = self.cfg.loss_normalization
         kl, per_token, stats = head.kl, self._distill_tokens(head), {}
-        if self.cfg.reward_aligned:  # RA-OPD: records whose distillation direction disagrees with their verdict
-            weights = reward_aligned_weights(head.privilege, batch.rows, batch.advantages, self.cfg.misaligned_weight)
+        if self.cfg.opd.reward_aligned:  # RA-OPD: records whose distillation direction disagrees with their verdict
+            weights = reward_aligned_weights(
+                head.privilege, batch.rows, batch.advantages, self.cfg.opd.misaligned_weight
+            )
             kl, per_token = kl * weights[batch.rows], per_token * weights[batch.rows]
             misaligned = misaligned_records(head.privilege, batch.rows, batch.advantages).sum().item()
             stats["ra_misaligned"] = misaligned / max(batch.n_records_global or batch.n_records, 1)
@@ -307,7 +309,7 @@ class DistillObjective:
         whose gradient distils (its value is not a divergence: `distill_kl` still logs the divergence, weighed by
         RA-OPD's filter when `reward_aligned` is on)."""
         assert head.kl is not None and head.teacher_logp is not None
-        form = self.cfg.distill_form
+        form = self.cfg.opd.distill_form
         if form == "divergence":
             return head.kl
         if form == "sign":

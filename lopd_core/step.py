@@ -296,7 +296,7 @@ class TrainStep:
             head = distill_head(
                 h_student, h_teacher, targets, w_student, w_teacher, self.cfg.top_m, self.cfg.kl_support,
                 self.cfg.head_chunk_size, self.cfg.tail_floor, self.objective.temperature,
-                self.cfg.divergence, self.cfg.divergence_coef,
+                self.cfg.opd.divergence, self.cfg.opd.divergence_coef,
             )  # fmt: skip
         else:
             logp = token_logprobs(h_student, targets, w_student, self.cfg.head_chunk_size, self.objective.temperature)

@@ -191,7 +191,9 @@ def test_reward_aligned_distillation_drops_the_misaligned_records():
     head = HeadOutputs(student, kl=kl, teacher_logp=student + torch.tensor([0.3, -0.2, -0.6], dtype=torch.float64))
     batch = DistillBatch(rows, 3, torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64), rows, TeacherInputs())
     for weight, expected in ((0.0, 5 / 3), (0.5, 6 / 3), (1.0, 7 / 3)):
-        loss, stats = DistillObjective(LOPDConfig(reward_aligned=True, misaligned_weight=weight)).loss(head, batch)
+        loss, stats = DistillObjective(LOPDConfig(opd={"reward_aligned": True, "misaligned_weight": weight})).loss(
+            head, batch
+        )
         assert loss.item() == pytest.approx(expected, abs=1e-12)
         assert stats["ra_misaligned"] == pytest.approx(1 / 3)
     loss, stats = DistillObjective(LOPDConfig()).loss(head, batch)
@@ -211,7 +213,7 @@ def test_distill_forms_in_the_objective(form):
     kl = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)
     head = HeadOutputs(student, kl=kl, teacher_logp=student.detach() + delta)
     batch = DistillBatch(rows, 3, torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64), rows, TeacherInputs())
-    loss, stats = DistillObjective(LOPDConfig(distill_form=form)).loss(head, batch)
+    loss, stats = DistillObjective(LOPDConfig(opd={"distill_form": form})).loss(head, batch)
     expected = {"policy_gradient": -delta, "vopd": -(delta + kl), "sign": -torch.sign(delta)}[form] / 3
     assert torch.allclose(torch.autograd.grad(loss, student)[0], expected, atol=1e-12)
     assert stats["distill_kl"] == pytest.approx(7 / 3)
@@ -219,8 +221,8 @@ def test_distill_forms_in_the_objective(form):
 
 def test_vopd_needs_the_reverse_kl():
     with pytest.raises(ValueError, match="distill_form"):
-        LOPDConfig(distill_form="vopd", divergence="forward_kl")
-    LOPDConfig(distill_form="policy_gradient", divergence="forward_kl")
+        LOPDConfig(opd={"distill_form": "vopd", "divergence": "forward_kl"})
+    LOPDConfig(opd={"distill_form": "policy_gradient", "divergence": "forward_kl"})
 
 
 def test_balanced_margin_refuses_the_reference_normalisation():
