@@ -11,9 +11,10 @@
 
 What each paper leaves open, and what we chose, is in each class's docstring. Common choices: every
 distillation baseline uses the same top-M reverse KL as LOPD (eq. 9-10), so the comparison isolates the
-teacher's context; a record whose strategy has no privileged context for it (no known solution, no feedback)
-is left out of the loss and counted (`n_no_context`); the "EMA of student" teacher is an EMA over the LoRA
-factors (a "teacher" adapter), an approximation of an EMA over merged weights, and needs a LoRA student.
+teacher's context (`lopd.opd` changes the divergence or its form for all of them alike: docs/methods.md); a
+record whose strategy has no privileged context for it (no known solution, no feedback) is left out of the loss
+and counted (`n_no_context`); the "EMA of student" teacher is an EMA over the LoRA factors (a "teacher" adapter),
+an approximation of an EMA over merged weights, and needs a LoRA student.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ PRIVILEGED_HEADER = "Privileged information for this task (you will not see it a
 # ------------------------------------------------------------------------------------ strategies
 
 
-class NoContext:
-    """No privileged context: the teacher view equals the student view (GRPO's reference model)."""
+class ContextStrategy:
+    """What the teacher reads, per record (a method's first half). This base gives it nothing: the teacher view
+    equals the student view."""
 
     teacher_requires_grad = False
     teacher_adapter: str | None = None
@@ -78,7 +80,11 @@ class NoContext:
         pass
 
 
-class LatentContext(NoContext):
+class NoContext(ContextStrategy):
+    """GRPO's: no privileged context (its reference model, when kl_coef > 0, reads what the student reads)."""
+
+
+class LatentContext(ContextStrategy):
     """LOPD: the teacher reads J*K latents composed from the top-J retrieved successes (§3.2)."""
 
     teacher_requires_grad = True
@@ -121,7 +127,7 @@ class LatentContext(NoContext):
         return out
 
 
-class TextContext(NoContext):
+class TextContext(ContextStrategy):
     """A text context per record, built by `describe(trajectory, batch)`; None = no privileged info for it."""
 
     requires_context = True
@@ -271,8 +277,9 @@ def _is_error(text: str) -> bool:
 Stats = dict[str, float]
 
 
-class DistillObjective:
-    """Top-M reverse KL on the student's own tokens (eq. 9-10), nothing else."""
+class Objective:
+    """What a step minimises (a method's second half): `loss(head, batch)` -> (loss, stats), then `after_step`
+    with the stats summed over ranks. This base holds the shared plumbing and no loss."""
 
     needs_teacher = True
     epochs = 1
@@ -280,6 +287,29 @@ class DistillObjective:
 
     def __init__(self, cfg: LOPDConfig) -> None:
         self.cfg = cfg
+
+    def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """(loss, stats). Data-parallel, both are this rank's shares of the global values: the step sums them over
+        ranks (every stat but `beta_loss`, which every rank holds) before `after_step` sees them."""
+        raise NotImplementedError
+
+    def after_step(self, stats: Mapping[str, float]) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        """The objective's own state, logged after each step (none here)."""
+        return {}
+
+    def state_dict(self) -> dict[str, float]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, float]) -> None:
+        pass
+
+
+class DistillObjective(Objective):
+    """The distillation term on the student's own tokens: top-M reverse KL (eq. 9-10) by default, or another
+    divergence or form of `lopd.opd`; the margin is logged, not optimised."""
 
     def terms(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, torch.Tensor, float | None, Stats]:
         """(distill, margin Delta in the loss, eq. 12's token-weighted Delta for the dual step and the logs, and
@@ -332,23 +362,8 @@ class DistillObjective:
         return margin, margin.item() if norm != "record" else batch.reduce(weighted.detach(), "token").item()
 
     def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        """(loss, stats). Data-parallel, both are this rank's shares of the global values: the step sums them over
-        ranks (every stat but `beta_loss`, which every rank holds) before `after_step` sees them."""
         distill, _, margin, stats = self.terms(head, batch)  # the margin is a diagnostic here
         return distill, {**stats, **_margin_stat(margin)}
-
-    def after_step(self, stats: Mapping[str, float]) -> None:
-        pass
-
-    def metrics(self) -> dict[str, float]:
-        """The objective's own state, logged after each step (none here)."""
-        return {}
-
-    def state_dict(self) -> dict[str, float]:
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, float]) -> None:
-        pass
 
 
 def _margin_stat(margin: float | None) -> dict[str, float]:
@@ -390,7 +405,7 @@ class LOPDObjective(DistillObjective):
         self.beta = float(state["beta"])
 
 
-class GRPOObjective(DistillObjective):
+class GRPOObjective(Objective):
     """GRPO (DeepSeekMath, arXiv 2402.03300): group-normalised advantages, clipped ratio, optional k3 KL.
 
     A_i = (r_i - mean(r_group)) / (std(r_group) + eps) over the G rollouts of a task; per token
@@ -447,9 +462,9 @@ class Method:
     """A method = a teacher-context strategy + an objective, and the rules the rest of the platform reads from it
     (configs, specs and the train and evaluate stages ask `METHODS[name]`, never the name itself)."""
 
-    strategy: Callable[..., NoContext]  # (models, cfg, inputs) -> strategy
-    context: type[NoContext]  # the strategy's class: what the teacher reads
-    objective: type[DistillObjective]
+    strategy: Callable[..., ContextStrategy]  # (models, cfg, inputs) -> strategy
+    context: type[ContextStrategy]  # the strategy's class: what the teacher reads
+    objective: type[Objective]
     needs: tuple[str, ...] = ()  # of: retrieve (the bank and the composer), solutions, skills (notes)
     min_group: int = 1  # rollouts per task that a step needs (schedule.samples_per_task)
     group_reason: str = ""  # why, for the error when the schedule has fewer
@@ -527,7 +542,7 @@ def build_method(
     solutions: SolutionLookup | None = None,
     skills: SkillLookup | None = None,
     source_env: SourceEnv | None = None,
-) -> tuple[NoContext, DistillObjective]:
+) -> tuple[ContextStrategy, Objective]:
     """(strategy, objective) for `cfg.method`; names the missing input when a method needs one. `source_env`
     (optional) tells the environment of a retrieved experience, for LOPD's diagnostic `retrieval_same_env`."""
     if cfg.method not in METHODS:

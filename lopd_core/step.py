@@ -35,10 +35,10 @@ from lopd_core.distributed import World, current_world, gathered, idle_loss, is_
 from lopd_core.loss_head import HeadOutputs, distill_head, token_logprobs
 from lopd_core.losses import advantages_from_rewards
 from lopd_core.methods import (  # re-exported: the step's public vocabulary
-    DistillObjective,
+    ContextStrategy,
     LatentContext,
     LOPDObjective,
-    NoContext,
+    Objective,
     Retriever,
     build_method,
 )
@@ -118,8 +118,8 @@ class TrainStep:
         self,
         models: LOPDModels,
         serializer: ChatSerializer,
-        strategy: NoContext,
-        objective: DistillObjective,
+        strategy: ContextStrategy,
+        objective: Objective,
         cfg: LOPDConfig,
         sink: MetricsSink | None = None,
         world: World | None = None,
