@@ -36,18 +36,7 @@ def ref_buckets(logits: torch.Tensor, support: list[int]) -> torch.Tensor:
 
 
 def ref_reverse_kl(s, t, mask, top_m, support="teacher"):
-    total, count = s.new_zeros(()), 0
-    B, T, V = s.shape
-    for b in range(B):
-        for k in range(T):
-            if mask[b, k] == 0:
-                continue
-            src = (t if support == "teacher" else s)[b, k].detach().tolist()
-            S = sorted(range(V), key=lambda i: -src[i])[: min(top_m, V)]
-            ls, lt = ref_buckets(s[b, k], S), ref_buckets(t[b, k], S)
-            total = total + sum(torch.exp(ls[j]) * (ls[j] - lt[j]) for j in range(len(ls)))
-            count += 1
-    return total / max(count, 1)
+    return ref_divergence(s, t, mask, top_m, "reverse_kl", 0.5, support)
 
 
 def ref_privilege(t, s, tokens):
