@@ -110,7 +110,7 @@ def measure_vllm(model, tokenizer, config: RolloutConfig, tasks: list, suite, co
     out: dict = {"vllm_startup_s": round(time.perf_counter() - t0, 2), "vllm_compiled": compile_}
     try:
         out["vllm_first_run"] = measure(engine, tasks, suite)
-        syncs = [engine.sync_weights(model) for _ in range(3)]
+        syncs = [engine.sync(model) for _ in range(3)]
         out["vllm"] = measure(engine, tasks, suite)
         n_params = sum(p.numel() for p in model.parameters())
         step = out["vllm"]["seconds"] + min(syncs)

@@ -15,7 +15,7 @@ from typing import Any
 
 from components.artifacts import ArtifactStore
 from components.common import open_suite
-from components.evaluate import DEFAULT_LIMITS, TEXT_TEACHERS, BenchmarkSpec, EvaluateSpec
+from components.evaluate import DEFAULT_LIMITS, BenchmarkSpec, EvaluateSpec
 from lopd_core.artifacts import ArtifactRef, sha256_path
 from lopd_core.config import RolloutConfig
 from lopd_core.conversation import Trajectory
@@ -192,16 +192,17 @@ def text_teacher_policy(
     from lopd_core import skills
     from lopd_core.conversation import Message
     from lopd_core.evaluation.teacher import TextTeacherRollout
-    from lopd_core.methods import build_method
+    from lopd_core.methods import METHODS, build_method
     from lopd_core.sft import reference_traces
 
     models = loaded.lopd
     method = loaded.description.get("method")
-    if models is None or method not in TEXT_TEACHERS:
-        raise ValueError(f"teacher_eval acts with a text teacher: it needs the checkpoint of a "
-                         f"{'/'.join(TEXT_TEACHERS)} run, got {method or 'a model without a method'}")  # fmt: skip
+    if models is None or method not in METHODS or not METHODS[method].acting_teacher:
+        acting = "/".join(name for name, rules in METHODS.items() if rules.acting_teacher)
+        raise ValueError(f"teacher_eval acts with a text teacher: it needs the checkpoint of a {acting} run, got "
+                         f"{method or 'a model without a method'}")  # fmt: skip
     notes: dict[str, str] = {}
-    if method == "skill_sd":
+    if METHODS[method].reads_notes:
         if spec.dataset is None:
             raise ValueError("teacher_eval of a skill_sd run needs `dataset` (the collect stage's trajectories)")
         notes = skills.skill_notes(read_trajectories(resolve(spec.dataset, store, "dataset")[0]))
@@ -261,26 +262,20 @@ def student_policy(
 ) -> Iterator[Callable[[BenchmarkSpec, RolloutConfig], Policy]]:
     """The student as a policy per benchmark. With rollout.engine=vllm one vLLM worker serves every benchmark: it
     starts on first use and is closed on exit."""
-    from lopd_core.rollout import RolloutEngine
+    from lopd_core.engines import make_engine, make_server
 
-    vllm: list[Any] = []
+    servers: dict[str, Any] = {}  # per engine kind: vLLM's worker, started on first use, serves every benchmark
     longest = max((rollout_config(b, spec).max_total_tokens for b, *_ in plan), default=4096)
 
     def make(bench: BenchmarkSpec, cfg: RolloutConfig) -> Policy:
-        if cfg.engine == "vllm":
-            from lopd_core.vllm_engine import VllmRolloutEngine, VllmServer
-
-            if not vllm:
-                vllm.append(VllmServer(loaded.model, max_model_len=longest + 1, seed=spec.seed,
-                                       enforce_eager=not cfg.vllm_compile,
-                                       kv_cache_bytes=cfg.vllm_kv_cache_mb << 20))  # fmt: skip
-            engine: RolloutEngine = VllmRolloutEngine(loaded.model, loaded.tokenizer, cfg, server=vllm[0])
-        else:
-            engine = RolloutEngine(loaded.model, loaded.tokenizer, cfg)
+        if cfg.engine not in servers:  # None for hf, whose engines share nothing
+            servers[cfg.engine] = make_server(loaded.model, cfg, max_model_len=longest + 1, seed=spec.seed)
+        engine = make_engine(loaded.model, loaded.tokenizer, cfg, server=servers[cfg.engine])
         return lambda episodes: engine.run(episodes, desc=bench.label)
 
     try:
         yield make
     finally:
-        for server in vllm:
-            server.close()
+        for server in servers.values():
+            if server is not None:
+                server.close()

@@ -20,12 +20,13 @@ from components.common import (
     StageResult,
     StageSpec,
     backbone_label,
-    launch_torchrun,
+    launched_ranks,
     load_stage_backbone,
+    other_rank_result,
     read_trajectories,
     run_stage_cli,
+    start_rank,
     start_tracking,
-    under_torchrun,
 )
 from lopd_core.artifacts import ArtifactRef
 from lopd_core.config import ColdStartConfig, LOPDConfig
@@ -55,20 +56,16 @@ class ColdStartSpec(StageSpec):
 
 def cold_start(spec: ColdStartSpec) -> StageResult:
     # the stage's heavy imports load when it runs, so that `--help` stays fast
-    import torch
 
     from components.memory import open_snapshot
     from lopd_core.checkpoint import save_checkpoint
     from lopd_core.cold_start import cold_start as run_cold_start
-    from lopd_core.distributed import init_distributed
     from lopd_core.models import build_models
     from lopd_core.serialization import ChatSerializer
 
-    if spec.nproc > 1 and not under_torchrun():
-        return launch_torchrun(spec, "components.cold_start", spec.nproc)
-    world = init_distributed()  # the one-rank world unless torchrun started this process
-    torch.set_num_threads(spec.threads)
-    torch.manual_seed(spec.lopd.seed)
+    if (launched := launched_ranks(spec, "components.cold_start", spec.nproc)) is not None:
+        return launched
+    world = start_rank(spec.threads, spec.lopd.seed)
     store = spec.store()
     successes = [t for t in read_trajectories(store.get(spec.dataset)) if t.reward >= spec.success_threshold]
     label = backbone_label(spec.backbone, spec.warm_start)
@@ -88,8 +85,8 @@ def cold_start(spec: ColdStartSpec) -> StageResult:
                 on_step=(lambda i, loss: run.log_metrics({"nll": loss}, step=i)) if world.is_main else None,
                 success_threshold=spec.success_threshold, world=world,
             )  # fmt: skip
-        if not world.is_main:  # rank 0 stores the composer and reports; the others only trained
-            return StageResult(stage="cold_start", metrics={"steps": float(len(losses))}, summary="rank > 0")
+        if not world.is_main:
+            return other_rank_result("cold_start", len(losses))
         path = save_checkpoint(
             Path(spec.stage_dir("cold_start")) / "composer", models, None,
             {"step": 0, "backbone": source, "role": "cold_start", "config": spec.lopd.model_dump(mode="json"),

@@ -49,7 +49,8 @@ def collect(spec: CollectSpec) -> StageResult:
     # the stage's heavy imports load when it runs, so that `--help` stays fast
     import torch
 
-    from lopd_core.rollout import make_engine, summarize
+    from lopd_core.engines import make_engine
+    from lopd_core.rollout import summarize
 
     torch.set_num_threads(spec.threads)
     suite = open_suite(spec.suite, spec.validation_fraction)

@@ -312,6 +312,40 @@ def launch_torchrun(spec: StageSpec, module: str, nproc: int) -> StageResult:
     return StageResult.model_validate_json(out_file.read_text())
 
 
+def launched_ranks(spec: StageSpec, module: str, nproc: int, nodes: int = 1) -> StageResult | None:
+    """The first half of a stage's prologue: with nproc > 1, outside torchrun, the stage runs as torchrun's ranks
+    on this node and this returns rank 0's result; None when this process is to train itself (one rank, or a
+    rank that torchrun started). A multi-node run is a PyTorchJob, which this process cannot start."""
+    if nodes > 1 and not under_torchrun():
+        raise ValueError(
+            f"nodes={nodes}: a multi-node run is a PyTorchJob; run it with execution.mode=deployments (the train "
+            "stage deployment submits it) or render it with `python -m flows.pytorchjob SPEC --nodes N "
+            "--gpus-per-node G --image IMAGE` (docs/distributed.md)"
+        )
+    if nproc > 1 and not under_torchrun():
+        return launch_torchrun(spec, module, nproc)
+    return None
+
+
+def start_rank(threads: int, seed: int | None = None) -> Any:
+    """The second half: this process's data-parallel world (the one-rank world unless torchrun started it), its
+    torch threads, and the global torch seed (`seed` None: left alone). Returns the `lopd_core.distributed.World`."""
+    import torch
+
+    from lopd_core.distributed import init_distributed
+
+    world = init_distributed()
+    torch.set_num_threads(threads)
+    if seed is not None:
+        torch.manual_seed(seed)
+    return world
+
+
+def other_rank_result(stage: str, steps: int) -> StageResult:
+    """The epilogue of ranks > 0: rank 0 stores the artifacts and reports; the others only trained."""
+    return StageResult(stage=stage, metrics={"steps": float(steps)}, summary="rank > 0")
+
+
 class NullRun:
     """Stands in for the MLflow run on ranks other than 0: they log nothing."""
 

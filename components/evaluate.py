@@ -64,8 +64,6 @@ KIND = {
 # Where and how a run is recorded, not what is evaluated: left out of the metrics' spec hash.
 RUN_FIELDS = ("run_dir", "artifact_root", "tracking", "tracking_uri", "experiment", "parent_run_id", "tags", "threads",
               "progress")  # fmt: skip
-# Methods whose frozen teacher can act with its text context (teacher_eval); SDPO's needs the student's own attempt.
-TEXT_TEACHERS = ("opsd", "sdft", "skill_sd")
 # Per-benchmark rollout defaults where the general ones do not fit (BFCL prompts are ~4k tokens, several user turns).
 DEFAULT_LIMITS: dict[str, dict[str, int]] = {"bfcl": {"max_turns": 30, "max_total_tokens": 8192}}
 

@@ -27,12 +27,13 @@ from components.common import (
     StageResult,
     StageSpec,
     backbone_label,
-    launch_torchrun,
+    launched_ranks,
     load_stage_backbone,
     open_suite,
+    other_rank_result,
     run_stage_cli,
+    start_rank,
     start_tracking,
-    under_torchrun,
     write_trajectories,
 )
 from lopd_core.artifacts import ArtifactRef
@@ -82,16 +83,13 @@ def _tasks(suite: Suite, difficulties: list[int] | None) -> list[Task]:
 
 def run_sft(spec: SFTSpec) -> StageResult:
     # the stage's heavy imports load when it runs, so that `--help` stays fast
-    import torch
 
-    from lopd_core.distributed import full_state_dict, init_distributed
+    from lopd_core.distributed import full_state_dict
     from lopd_core.sft import demonstration_stats, demonstrations, privileged_copies, sft
 
-    if spec.nproc > 1 and not under_torchrun():
-        return launch_torchrun(spec, "components.sft", spec.nproc)
-    world = init_distributed()  # the one-rank world unless torchrun started this process
-    torch.set_num_threads(spec.threads)
-    torch.manual_seed(spec.sft.seed)
+    if (launched := launched_ranks(spec, "components.sft", spec.nproc)) is not None:
+        return launched
+    world = start_rank(spec.threads, spec.sft.seed)
     cfg = spec.sft
     store = spec.store()
     suite = open_suite(spec.suite, spec.validation_fraction)
@@ -129,8 +127,8 @@ def run_sft(spec: SFTSpec) -> StageResult:
         losses = sft(model, tok, demos, cfg, spec.max_seq_len, on_step=sink.log, world=world)
         sink.close()
         weights = full_state_dict(model) if world.active else None  # FSDP: every rank gathers the shards
-        if not world.is_main:  # rank 0 stores the model and reports; the others only trained
-            return StageResult(stage="sft", metrics={"steps": float(cfg.steps)}, summary="rank > 0")
+        if not world.is_main:
+            return other_rank_result("sft", cfg.steps)
         run.log_json({**stats, "dropped": dropped}, "demonstrations.json")
         out = spec.stage_dir("sft") / "model"
         model.save_pretrained(out, state_dict=weights)

@@ -14,7 +14,9 @@ import json
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, model_validator
 
@@ -23,13 +25,14 @@ from components.common import (
     StageResult,
     StageSpec,
     backbone_label,
-    launch_torchrun,
+    launched_ranks,
     load_stage_backbone,
     open_suite,
+    other_rank_result,
     read_trajectories,
     run_stage_cli,
+    start_rank,
     start_tracking,
-    under_torchrun,
 )
 from lopd_core import skills
 from lopd_core.artifacts import ArtifactRef
@@ -63,15 +66,12 @@ class TrainSpec(StageSpec):
 
     @model_validator(mode="after")
     def _needs(self) -> TrainSpec:
-        if self.lopd.method == "lopd" and (self.bank_snapshot is None or self.composer is None):
-            raise ValueError("method 'lopd' needs bank_snapshot (bank stage) and composer (cold-start stage)")
-        if self.lopd.method == "grpo" and self.schedule.samples_per_task < 2:
-            raise ValueError("method 'grpo' needs schedule.samples_per_task >= 2 (the group size G)")
-        if self.lopd.method == "sdpo" and self.schedule.samples_per_task < 2:
-            raise ValueError(
-                "method 'sdpo' needs schedule.samples_per_task >= 2: its teacher reads a successful "
-                "sibling attempt of the same task from the group (with 1 it would see feedback only)"
-            )
+        from lopd_core.methods import METHODS  # the method's rules (torch and transformers: imported when used)
+
+        name, method = self.lopd.method, METHODS[self.lopd.method]
+        if method.reads_bank and (self.bank_snapshot is None or self.composer is None):
+            raise ValueError(f"method {name!r} needs bank_snapshot (bank stage) and composer (cold-start stage)")
+        method.check_group(name, self.schedule.samples_per_task)
         ranks = self.nproc * self.nodes
         if self.schedule.tasks_per_step < ranks:
             where = f"nproc={self.nproc}" if self.nodes == 1 else f"nodes x nproc = {self.nodes} x {self.nproc}"
@@ -103,15 +103,19 @@ def _tasks(spec: TrainSpec, suite) -> list:  # type: ignore[no-untyped-def]
 def _check_bank_size(count: int, cfg: LOPDConfig, snapshot: ArtifactRef) -> None:
     """LOPD's teacher reads the bank's successes: one too small to fill a retrieval's J slots is an error
     unless `lopd.min_bank_size` allows it (0: any bank, even an empty one)."""
+    from lopd_core.methods import METHODS
+
+    if not METHODS[cfg.method].reads_bank:
+        return
     minimum = cfg.n_retrieved if cfg.min_bank_size is None else cfg.min_bank_size
-    if cfg.method == "lopd" and count < minimum:
+    if count < minimum:
         raise ValueError(
             f"bank snapshot {snapshot.uri} holds {count} entries, fewer than LOPD needs ({minimum}: lopd."
             f"min_bank_size, by default n_retrieved = J): its teacher would read placeholder items instead of past "
             f"successes. Fill the bank (collect more successes, or lower the bank stage's success_threshold), or "
             f"set lopd.min_bank_size={count} to train with it anyway"
         )
-    if cfg.method == "lopd" and count < cfg.n_retrieved:
+    if count < cfg.n_retrieved:
         logger.warning(
             "bank snapshot %s holds %d entries, fewer than n_retrieved=%d (allowed by lopd.min_bank_size=%d): "
             "LOPD's teacher reads placeholder items for the missing ones (n_placeholder_experiences)",
@@ -122,32 +126,70 @@ def _check_bank_size(count: int, cfg: LOPDConfig, snapshot: ArtifactRef) -> None
         )
 
 
-def train(spec: TrainSpec) -> StageResult:
-    # the stage's heavy imports load when it runs, so that `--help` stays fast
-    import torch
+@dataclass
+class _Setup:
+    """What a train run starts from: its config, tasks and teacher texts, the checkpoint it resumes, its models."""
 
-    from components.memory import open_snapshot
-    from lopd_core.checkpoint import load_model_tensors
-    from lopd_core.distributed import init_distributed
-    from lopd_core.methods import METHODS
-    from lopd_core.models import build_models
-    from lopd_core.rollout import RolloutEngine
-    from lopd_core.serialization import ChatSerializer
-    from lopd_core.sft import reference_traces
-    from lopd_core.step import TrainStep, build_method
+    cfg: LOPDConfig
+    suite: Any
+    tasks: list
+    solutions: dict
+    notes: dict
+    run_name: str
+    ckpt_dir: Path
+    saved: dict | None  # the last checkpoint's state.json when resuming
+    models: Any  # lopd_core.models.LOPDModels
+    source: str  # where the backbone came from (logged with the checkpoint)
+
+
+def train(spec: TrainSpec) -> StageResult:
+    """Algorithm 1, top to bottom: set up, open the bank, build the step and its rollouts, loop, report."""
     from lopd_core.training import train_loop
 
-    if spec.nodes > 1 and not under_torchrun():
-        raise ValueError(
-            f"nodes={spec.nodes}: a multi-node run is a PyTorchJob; run it with execution.mode=deployments (the train "
-            "stage deployment submits it) or render it with `python -m flows.pytorchjob SPEC --nodes N "
-            "--gpus-per-node G --image IMAGE` (docs/distributed.md)"
-        )
-    if spec.nproc > 1 and not under_torchrun():
-        return launch_torchrun(spec, "components.train", spec.nproc)
-    world = init_distributed()  # the one-rank world unless torchrun started this process
-    torch.set_num_threads(spec.threads)
-    torch.manual_seed(spec.lopd.seed)
+    if (launched := launched_ranks(spec, "components.train", spec.nproc, spec.nodes)) is not None:
+        return launched
+    world = start_rank(spec.threads, spec.lopd.seed)
+    run_setup = _set_up(spec)
+    cfg, store = run_setup.cfg, spec.store()
+    label = backbone_label(spec.backbone, spec.warm_start)
+    with contextlib.ExitStack() as scope:  # the bank's lock and the rollout engine, released however the run ends
+        bank = _open_bank(spec, cfg, run_setup.run_name, world, scope)
+        labels = {"method": cfg.method, "seed": cfg.seed, "backbone": label,
+                  "bank_snapshot_id": spec.bank_snapshot.sha256[:16] if spec.bank_snapshot else None}  # fmt: skip
+        resume_id = run_setup.saved.get("mlflow_run_id") if run_setup.saved else None
+        t0 = time.time()
+        tracking = start_tracking(spec, "train", spec.suite, spec, resume_run_id=resume_id, **labels) \
+            if world.is_main else NullRun()  # fmt: skip
+        with tracking as run:  # MLflow from rank 0 only
+            sink = run.metrics_sink()
+            step = _step(spec, run_setup, bank, sink)
+            rollout = _rollouts(spec, run_setup, step, world, scope)
+            if run_setup.saved is not None:  # the steps this checkpoint covers, re-sent where the store lacks them
+                for row in run_setup.saved["history"]:
+                    sink.log(int(row["step"]), {k: v for k, v in row.items() if k not in ("step", "generations_total")})
+                sink.flush()
+            extra = {"backbone": run_setup.source, "mlflow_run_id": run.run_id,
+                     "bank_snapshot": spec.bank_snapshot.sha256 if spec.bank_snapshot else None}  # fmt: skip
+
+            def on_checkpoint(path: Path, n: int) -> None:
+                run.log_checkpoint(store.put(path, "checkpoint", {"method": cfg.method, "step": n}), n)
+
+            out = train_loop(step, run_setup.tasks, rollout, spec.schedule, run_setup.ckpt_dir, extra_state=extra,
+                             on_checkpoint=on_checkpoint, before_checkpoint=lambda n: sink.flush())  # fmt: skip
+            sink.close()
+            if not world.is_main:
+                return other_rank_result("train", out["steps_done"])
+            return _report(spec, run_setup, run, out, label, time.time() - t0)
+
+
+def _set_up(spec: TrainSpec) -> _Setup:
+    """The method config, tasks, the text teachers' solutions and notes, the checkpoint to resume, the models (with
+    the cold-start composer for LOPD)."""
+    from lopd_core.checkpoint import load_model_tensors
+    from lopd_core.methods import METHODS
+    from lopd_core.models import build_models
+    from lopd_core.sft import reference_traces
+
     cfg = spec.method_config()
     store = spec.store()
     suite = open_suite(spec.suite, spec.validation_fraction)
@@ -162,7 +204,7 @@ def train(spec: TrainSpec) -> StageResult:
     run_name = f"{cfg.method}-seed{cfg.seed}"
     ckpt_dir = spec.stage_dir("train") / run_name
     state_file = ckpt_dir / "last" / "state.json"
-    resume_id, saved = None, None
+    saved = None
     if spec.resume and state_file.exists():
         saved = json.loads(state_file.read_text())
         before = LOPDConfig.model_validate(saved["config"]).flat()  # a setting added since takes its default
@@ -171,7 +213,6 @@ def train(spec: TrainSpec) -> StageResult:
         if diff:
             raise ValueError(f"{ckpt_dir} was trained with another method config (differs in {diff}); "
                              "use the same lopd settings to resume, or another run_dir / resume=false")  # fmt: skip
-        resume_id = saved.get("mlflow_run_id")
     elif state_file.exists():
         raise FileExistsError(f"{ckpt_dir} already holds a run; set resume=true or use another run_dir")
 
@@ -184,87 +225,81 @@ def train(spec: TrainSpec) -> StageResult:
         # full fine-tuning: the student keeps the backbone's (warm-start) weights
         load_model_tensors(models, load_file(str(composer_dir / "weights.safetensors")), student=False)
         models.composer.anchor_cache.load(composer_dir / "latent_cache.safetensors")
-    bank = None  # LOPD's experience memory, locked while this run reads it and released however the run ends
-    bank_scope = contextlib.ExitStack()
-    if spec.bank_snapshot is not None:
-        where = f"train/{run_name}" + (f"/rank{world.rank}" if world.rank else "")  # one restored copy per rank
-        bank = bank_scope.enter_context(open_snapshot(spec, spec.bank_snapshot, where))
-        try:
-            _check_bank_size(bank.count(), cfg, spec.bank_snapshot)
-        except ValueError:
-            bank_scope.close()  # the bank's lock is released
-            raise
-    label = backbone_label(spec.backbone, spec.warm_start)
-    labels = {"method": cfg.method, "seed": cfg.seed, "backbone": label,
-              "bank_snapshot_id": spec.bank_snapshot.sha256[:16] if spec.bank_snapshot else None}  # fmt: skip
-    t0 = time.time()
-    tracking = start_tracking(spec, "train", spec.suite, spec, resume_run_id=resume_id, **labels) if world.is_main \
-        else NullRun()  # fmt: skip
-    with bank_scope, tracking as run:  # MLflow from rank 0 only
-        env_of = {t.task_id: t.env_id for t in tasks}.get if cfg.retrieval_scope == "environment" else None
-        retrieve = bank.retriever(k=cfg.n_retrieved, env_of=env_of) if bank is not None else None
-        strategy, objective = build_method(
-            models, cfg, retrieve=retrieve,
-            solutions=lambda task_id: solutions.get(task_id, (None, ""))[0],
-            skills=notes.get, source_env=retrieve.source_env if retrieve is not None else None,
-        )  # fmt: skip
-        sink = run.metrics_sink()
-        step = TrainStep(models, ChatSerializer(tok, cfg.max_seq_len), strategy, objective, cfg, sink,
-                         token_marks=getattr(suite, "rule_spans", None))  # fmt: skip
+    return _Setup(cfg, suite, tasks, solutions, notes, run_name, ckpt_dir, saved, models, source)
 
-        vllm = None  # rollout.engine=vllm: one worker for the whole run, the student's weights loaded after each step
-        if spec.rollout.engine == "vllm":
-            from lopd_core.vllm_engine import VllmRolloutEngine
 
-            with step.gathered(), models.acting_student() as acting:
-                vllm = bank_scope.enter_context(
-                    VllmRolloutEngine(acting, tok, spec.rollout.seeded(cfg.seed, progress=False))
-                )
-            synced = [False]
+def _open_bank(spec: TrainSpec, cfg: LOPDConfig, run_name: str, world: Any, scope: contextlib.ExitStack) -> Any:
+    """LOPD's experience memory (None for the baselines), locked in `scope` while this run reads it."""
+    from components.memory import open_snapshot
 
-            def sync() -> None:
-                with models.acting_student() as acting:
-                    vllm.sync_weights(acting)
-                synced[0] = True
+    if spec.bank_snapshot is None:
+        return None
+    where = f"train/{run_name}" + (f"/rank{world.rank}" if world.rank else "")  # one restored copy per rank
+    bank = scope.enter_context(open_snapshot(spec, spec.bank_snapshot, where))
+    _check_bank_size(bank.count(), cfg, spec.bank_snapshot)
+    return bank
 
-            step.after_update.append(sync)
 
-        def rollout(batch):  # type: ignore[no-untyped-def]
-            # a fresh, reproducible stream per step, and per rank (rank 0 draws the one-rank stream)
-            seed = cfg.seed * 1_000_003 + step.step_index + world.rank * RANK_SEED_STRIDE
-            config = spec.rollout.seeded(seed, progress=False)
-            if vllm is not None:
-                if not synced[0]:  # the first rollout: weights may have been restored from a checkpoint since start
-                    sync()
-                vllm.config = config.model_copy(update={"reuse_cache": False})
-                return vllm.run([suite.episode(t) for t in batch])
-            engine = RolloutEngine(models.student, tok, config)
-            return engine.run([suite.episode(t) for t in batch])
+def _step(spec: TrainSpec, s: _Setup, bank: Any, sink: Any) -> Any:
+    """The method (context strategy + objective, `lopd_core.methods`) inside one `TrainStep`."""
+    from lopd_core.serialization import ChatSerializer
+    from lopd_core.step import TrainStep, build_method
 
-        def on_checkpoint(path: Path, n: int) -> None:
-            run.log_checkpoint(store.put(path, "checkpoint", {"method": cfg.method, "step": n}), n)
+    cfg = s.cfg
+    env_of = {t.task_id: t.env_id for t in s.tasks}.get if cfg.retrieval_scope == "environment" else None
+    retrieve = bank.retriever(k=cfg.n_retrieved, env_of=env_of) if bank is not None else None
+    strategy, objective = build_method(
+        s.models, cfg, retrieve=retrieve,
+        solutions=lambda task_id: s.solutions.get(task_id, (None, ""))[0],
+        skills=s.notes.get, source_env=retrieve.source_env if retrieve is not None else None,
+    )  # fmt: skip
+    return TrainStep(s.models, ChatSerializer(s.models.tokenizer, cfg.max_seq_len), strategy, objective, cfg, sink,
+                     token_marks=getattr(s.suite, "rule_spans", None))  # fmt: skip
 
-        if saved is not None:  # the steps this checkpoint covers, re-sent where the store lacks them
-            for row in saved["history"]:
-                sink.log(int(row["step"]), {k: v for k, v in row.items() if k not in ("step", "generations_total")})
-            sink.flush()
-        extra = {"backbone": source, "mlflow_run_id": run.run_id,
-                 "bank_snapshot": spec.bank_snapshot.sha256 if spec.bank_snapshot else None}  # fmt: skip
-        out = train_loop(step, tasks, rollout, spec.schedule, ckpt_dir, extra_state=extra,
-                         on_checkpoint=on_checkpoint, before_checkpoint=lambda n: sink.flush())  # fmt: skip
-        sink.close()
-        if not world.is_main:  # rank 0 stores the checkpoint and reports; the others only trained
-            return StageResult(stage="train", metrics={"steps": float(out["steps_done"])}, summary="rank > 0")
-        final = store.put(ckpt_dir / "last", "checkpoint",
-                          {"method": cfg.method, "seed": cfg.seed, "step": out["steps_done"], "backbone": label,
-                           "generations": out["generations"]})  # fmt: skip
-        run.log_curves()
-        last = out["history"][-1] if out["history"] else {}
-        metrics = {k: float(v) for k, v in last.items() if isinstance(v, (int, float))}
-        n_reference = sum(source == "reference" for _, source in solutions.values())
-        metrics.update(steps=float(out["steps_done"]), generations_total=float(out["generations"]),
-                       seconds=time.time() - t0, solutions_from_reference=float(n_reference))  # fmt: skip
-        (spec.stage_dir("train") / f"{run_name}.history.json").write_text(json.dumps(out["history"]))
+
+def _rollouts(spec: TrainSpec, s: _Setup, step: Any, world: Any, scope: contextlib.ExitStack) -> Any:
+    """batch of tasks -> trajectories, from one engine for the whole run (`lopd_core.engines`: "hf" samples from
+    the student itself; "vllm" holds a copy of its weights, loaded after every update and before the first
+    rollout, since a checkpoint may have restored the weights after the engine started)."""
+    from lopd_core.engines import make_engine
+
+    models, seed0 = s.models, s.cfg.seed
+    with step.gathered(), models.acting_student() as acting:
+        engine = scope.enter_context(make_engine(acting, models.tokenizer, spec.rollout.seeded(seed0, progress=False)))
+    synced = [False]
+
+    def sync() -> None:
+        with models.acting_student() as acting:
+            engine.sync(acting)
+        synced[0] = True
+
+    if engine.holds_weights:
+        step.after_update.append(sync)
+
+    def rollout(batch):  # type: ignore[no-untyped-def]
+        # a fresh, reproducible stream per step, and per rank (rank 0 draws the one-rank stream)
+        seed = seed0 * 1_000_003 + step.step_index + world.rank * RANK_SEED_STRIDE
+        if engine.holds_weights and not synced[0]:
+            sync()
+        engine.config = spec.rollout.seeded(seed, progress=False)
+        return engine.run([s.suite.episode(t) for t in batch])
+
+    return rollout
+
+
+def _report(spec: TrainSpec, s: _Setup, run: Any, out: dict, label: str, seconds: float) -> StageResult:
+    """Rank 0's epilogue: the final checkpoint stored, the curves logged, the stage's metrics and summary."""
+    cfg = s.cfg
+    final = spec.store().put(s.ckpt_dir / "last", "checkpoint",
+                             {"method": cfg.method, "seed": cfg.seed, "step": out["steps_done"], "backbone": label,
+                              "generations": out["generations"]})  # fmt: skip
+    run.log_curves()
+    last = out["history"][-1] if out["history"] else {}
+    metrics = {k: float(v) for k, v in last.items() if isinstance(v, (int, float))}
+    n_reference = sum(source == "reference" for _, source in s.solutions.values())
+    metrics.update(steps=float(out["steps_done"]), generations_total=float(out["generations"]), seconds=seconds,
+                   solutions_from_reference=float(n_reference))  # fmt: skip
+    (spec.stage_dir("train") / f"{s.run_name}.history.json").write_text(json.dumps(out["history"]))
     text = (f"{cfg.method} seed {cfg.seed}: {out['steps_done']} steps, {out['generations']} generations, "
             f"final reward {metrics.get('reward_mean', float('nan')):.3f}")  # fmt: skip
     return StageResult(stage="train", artifacts={"checkpoint": final}, metrics=metrics, mlflow_run_id=run.run_id,

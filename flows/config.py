@@ -25,6 +25,7 @@ from lopd_core.config import (
     LOPDConfig,
     LoraSpec,
     MethodName,
+    OPDOptions,
     RolloutConfig,
     ScheduleConfig,
     SFTConfig,
@@ -86,6 +87,12 @@ class SweepLOPDConfig(LOPDConfig):
     baseline: BaselineConfig = Field(
         BaselineConfig(),
         description="Knobs of the baselines (GRPO clip and KL, teacher sync); LOPD ignores them.",
+        json_schema_extra=FOLDED,
+    )
+    opd: OPDOptions = Field(
+        OPDOptions(),
+        description="The OPD family's options for every distillation method: divergence, distill_form, "
+        "reward_aligned (docs/methods.md).",
         json_schema_extra=FOLDED,
     )
 
@@ -309,12 +316,16 @@ class PipelineConfig(Model):
         unknown_arms = set(self.overrides) - {*get_args(Method), *self.variants}
         if unknown_arms:
             raise ValueError(f"overrides name arms that are neither methods nor variants: {sorted(unknown_arms)}")
+        from lopd_core.methods import METHODS  # the methods' rules (torch and transformers: imported when used)
+
         for arm, method in self.arms():
             _, train = self.arm_config(arm)  # validates every override
-            if method == "grpo" and train.schedule.samples_per_task < 2:
+            rules = METHODS[method]
+            if train.schedule.samples_per_task < rules.min_group:
                 raise ValueError(
-                    f"arm {arm!r} (grpo) needs train.schedule.samples_per_task >= 2 (the group size G); "
-                    f'set it in overrides, e.g. overrides: {{{arm}: {{"train.schedule.samples_per_task": 8}}}}'
+                    f"arm {arm!r} ({method}) needs train.schedule.samples_per_task >= {rules.min_group}: "
+                    f"{rules.group_reason}; set it in overrides, e.g. overrides: "
+                    f'{{{arm}: {{"train.schedule.samples_per_task": {max(rules.min_group, 4)}}}}}'
                 )
         if self.oracle and (self.sft is None or not self.suite.startswith("toolworld-rules")):
             given = f"sft={'set' if self.sft else 'null'}, suite={self.suite!r}"

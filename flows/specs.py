@@ -10,13 +10,13 @@ from components.bank import BankSpec
 from components.cold_start import ColdStartSpec
 from components.collect import CollectSpec
 from components.common import StageResult
-from components.evaluate import TEXT_TEACHERS, EvaluateSpec
+from components.evaluate import EvaluateSpec
 from components.sft import SFTSpec
 from components.train import TrainSpec
 from flows.config import PipelineConfig
 from flows.report import ARM_TAG, LABEL_TAG, TRAIN_RUN_TAG
 from lopd_core.artifacts import ArtifactRef
-from lopd_core.methods import teacher_sync
+from lopd_core.methods import METHODS, teacher_sync
 
 
 def common_fields(cfg: PipelineConfig, parent_run_id: str, tags: dict[str, str]) -> dict[str, Any]:
@@ -110,7 +110,7 @@ def train_spec(
 ) -> TrainSpec:
     """Only LOPD reads the bank and the composer: a baseline's training does not depend on them."""
     method_cfg, t = cfg.arm_config(arm)
-    lopd = method_cfg.method == "lopd"
+    lopd = METHODS[method_cfg.method].reads_bank
     return TrainSpec(
         **{**common, "tags": {**common["tags"], ARM_TAG: arm}},
         backbone=cfg.backbone,
@@ -145,10 +145,11 @@ def evaluate_spec(
 ) -> EvaluateSpec:
     ev = cfg.evaluate
     checkpoint = train.artifacts["checkpoint"].to_dict() if train else None
-    latent = (ev.latent_eval or ev.teacher_eval) and method == "lopd" and bank is not None
+    rules = METHODS.get(method)  # None for the warm start ("base") and the oracle
+    latent = (ev.latent_eval or ev.teacher_eval) and rules is not None and rules.reads_bank and bank is not None
     # a text teacher that acts with its context: a frozen one (an EMA teacher's weights are not in the checkpoint)
-    text_teacher = ev.teacher_eval and method in TEXT_TEACHERS and teacher_sync(cfg.arm_config(arm or method)[0]) \
-        == "frozen"  # fmt: skip
+    text_teacher = ev.teacher_eval and rules is not None and rules.acting_teacher and \
+        teacher_sync(cfg.arm_config(arm or method)[0]) == "frozen"  # fmt: skip
     tags = {**common["tags"], "method": method, LABEL_TAG: label, ARM_TAG: arm or method}
     if seed is not None:
         tags["seed"] = str(seed)
@@ -167,7 +168,7 @@ def evaluate_spec(
         latent_eval=latent,
         bank=bank.artifacts["bank_snapshot"].to_dict() if latent and bank else None,
         teacher_eval=text_teacher,
-        dataset=dataset.to_dict() if text_teacher and method == "skill_sd" and dataset is not None else None,
+        dataset=dataset.to_dict() if text_teacher and rules.reads_notes and dataset is not None else None,
         run_dir=common["run_dir"],
         artifact_root=common["artifact_root"],
         tracking=True,

@@ -32,6 +32,8 @@ class DistillBatch:
     n_tokens_global: int | None = None
     n_records_global: int | None = None
     advantage_mean_global: float | None = None
+    n_success_global: int | None = None  # records with A > 0 (the balanced margin's counts)
+    n_failure_global: int | None = None  # records with A < 0
     world_size: int = 1
 
     @property

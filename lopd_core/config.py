@@ -147,6 +147,63 @@ class LoraSpec(StrictModel):
     )
 
 
+class OPDOptions(StrictModel):
+    """The OPD family's options (docs/methods.md), for every distillation method; the defaults are the paper's."""
+
+    divergence: Literal["reverse_kl", "forward_kl", "jsd", "mix"] = Field(
+        "reverse_kl",
+        description="The distillation divergence on the top-M + tail buckets of every distillation method: "
+        "reverse_kl = KL(student || teacher), the paper's (eq. 10); forward_kl = KL(teacher || student); jsd = GKD's "
+        "generalised Jensen-Shannon with beta = divergence_coef; mix = divergence_coef * forward + (1 - "
+        "divergence_coef) * reverse (lopd_core.losses.bucket_divergence).",
+    )
+    distill_form: Literal["divergence", "policy_gradient", "vopd", "sign"] = Field(
+        "divergence",
+        description="How every distillation method distils: divergence = the bucket divergence's gradient "
+        "(eq. 10, `divergence`); policy_gradient = OPD as REINFORCE with per-token reward r = log pT(a) - log pS(a); "
+        "vopd = the same less vOPD's baseline b = -KL(pS || pT) on the top-M buckets, the position's value E[r] "
+        "(needs divergence=reverse_kl); sign = KL-free OPD, sign(r) only. The last three train the student only, "
+        "and their expected gradient is reverse KL's only for rollouts sampled from the student itself "
+        "(temperature 1, top_p 1; lopd_core.losses).",
+    )
+    divergence_coef: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="jsd: beta, the teacher's weight in the mixture, in (0, 1); mix: lambda, the forward KL's "
+        "weight, in [0, 1]; unused by reverse_kl and forward_kl.",
+    )
+    reward_aligned: bool = Field(
+        False,
+        description="RA-OPD (seed 004): a record whose distillation return (the sum of its tokens' delta) "
+        "disagrees with its verdict (positive on a failure, negative on a success) weighs misaligned_weight in the "
+        "distillation term; the mean stays over all the batch's tokens (ours: no extra exchange between ranks; "
+        "RA-OPD's mean over the kept tokens differs by the kept share). Logged: ra_misaligned, the share of such "
+        "records.",
+    )
+    misaligned_weight: float = Field(
+        0.0, ge=0, le=1, description="reward_aligned: the weight of a misaligned record (0 = RA-OPD's drop)."
+    )
+
+    @model_validator(mode="after")
+    def _vopd_needs_the_reverse_kl(self) -> OPDOptions:
+        if self.distill_form == "vopd" and self.divergence != "reverse_kl":
+            raise ValueError(
+                f"distill_form: vopd's baseline is the position's reverse KL, but divergence is {self.divergence!r}; "
+                "set divergence: reverse_kl or distill_form: policy_gradient"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _jsd_needs_an_open_beta(self) -> OPDOptions:
+        if self.divergence == "jsd" and not 0 < self.divergence_coef < 1:
+            raise ValueError(
+                f"divergence_coef: jsd's beta must lie strictly between 0 and 1, got {self.divergence_coef} "
+                "(its ends are divergence=forward_kl and reverse_kl)"
+            )
+        return self
+
+
 class BaselineConfig(StrictModel):
     """Knobs of the baselines (lopd_core.methods); LOPD ignores them."""
 
@@ -324,10 +381,13 @@ class LOPDConfig(StrictModel):
         0.5, ge=0, description="eta_beta: dual step size, beta = max(0, beta + eta_beta (m - Delta)) (eq. 13)."
     )
     beta_init: float = Field(0.0, ge=0, description="beta_0: initial value of the dual variable beta (eq. 13).")
-    margin_advantage: Literal["verdict", "centered"] = Field(
+    margin_advantage: Literal["verdict", "centered", "balanced"] = Field(
         "verdict",
         description="The A in Delta: verdict A = 2r - 1 (§3.3); centered subtracts the batch mean of A (ours, an "
-        "option: with mostly failures a teacher uniformly worse than the student satisfies the verdict margin).",
+        "option: with mostly failures a teacher uniformly worse than the student satisfies the verdict margin); "
+        "balanced is the order-consistent margin (after Uni-OPD): 1/2 the mean over successful records of their "
+        "mean delta minus 1/2 that over failed ones, which no uniform shift of the teacher meets; a batch with no "
+        "success or no failure leaves it undefined, and beta is held (lopd_core.losses.balanced_margin).",
     )
     loss_normalization: Literal["token", "record", "reference"] = Field(
         "token",
@@ -380,6 +440,11 @@ class LOPDConfig(StrictModel):
     head_chunk_size: int = Field(1024, ge=1, description="Positions per chunk of the fused loss head.")
     seed: int = Field(0, description="Training seed.")
     baseline: BaselineConfig = Field(BaselineConfig(), description="Knobs of the baselines; LOPD ignores them.")
+    opd: OPDOptions = Field(
+        OPDOptions(),
+        description="The OPD family's options for every distillation method (divergence, distill_form, "
+        "reward_aligned; docs/methods.md).",
+    )
 
     @model_validator(mode="after")
     def _sharding_needs_full_student(self) -> LOPDConfig:
@@ -388,6 +453,15 @@ class LOPDConfig(StrictModel):
                 "data_parallel=fsdp needs student_mode=full: a LoRA student is the backbone that the teacher and the "
                 "composer also run, a different number of times on each rank, so its layers cannot be sharded; use "
                 "data_parallel=ddp (or auto) for LoRA, whose trainable weights are small"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _balanced_margin_is_per_record(self) -> LOPDConfig:
+        if self.margin_advantage == "balanced" and self.loss_normalization == "reference":
+            raise ValueError(
+                "margin_advantage: balanced is a mean over records already, and loss_normalization: reference "
+                "rescales the composer's side per record a second time; use loss_normalization: token or record"
             )
         return self
 

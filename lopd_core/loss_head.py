@@ -16,13 +16,13 @@ from functools import partial
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from lopd_core.losses import bucket_kl, topm_bucket_logprobs
+from lopd_core.losses import bucket_divergence, topm_bucket_logprobs
 
 
 @dataclass
 class HeadOutputs:
     student_logp: torch.Tensor  # [N] log pS(a), full vocabulary; grad to student hidden states (policy gradient)
-    kl: torch.Tensor | None = None  # [N] bucket KL(p̃S || p̃T); grad to student and teacher hidden states
+    kl: torch.Tensor | None = None  # [N] bucket divergence (reverse KL(p̃S || p̃T) by default); grad to both sides
     teacher_logp: torch.Tensor | None = None  # [N] log pT(a), full vocabulary; grad to teacher hidden states
     teacher_topm_mass: torch.Tensor | None = None  # [N] teacher probability mass on the support S, detached
 
@@ -49,6 +49,8 @@ def _chunk(
     support: str,
     tail_floor: float | None,
     temperature: float = 1.0,
+    divergence: str = "reverse_kl",
+    divergence_coef: float = 0.5,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     logits_s, logits_t = _at_least_fp32(h_s @ w_s.T), _at_least_fp32(h_t @ w_t.T)
     if temperature != 1.0:  # GRPO at its sampling temperature; the distillation methods skip a pass over [N, V]
@@ -56,7 +58,7 @@ def _chunk(
     source = logits_t if support == "teacher" else logits_s
     ids = source.detach().topk(min(top_m, source.shape[-1]), dim=-1).indices
     buckets_t = topm_bucket_logprobs(logits_t, ids, tail_floor)
-    kl = bucket_kl(topm_bucket_logprobs(logits_s, ids, tail_floor), buckets_t)
+    kl = bucket_divergence(topm_bucket_logprobs(logits_s, ids, tail_floor), buckets_t, divergence, divergence_coef)
     teacher_logp = logits_t.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits_t, -1)
     student_logp = logits_s.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits_s, -1)
     with torch.no_grad():
@@ -75,8 +77,11 @@ def distill_head(
     chunk_size: int = 1024,
     tail_floor: float | None = None,
     temperature: float = 1.0,
+    divergence: str = "reverse_kl",
+    divergence_coef: float = 0.5,
 ) -> HeadOutputs:
-    """Per-token KL, log pT(a), log pS(a) and top-M mass for N aligned positions.
+    """Per-token divergence (`lopd_core.losses.bucket_divergence`, reverse KL by default), log pT(a), log pS(a)
+    and top-M mass for N aligned positions.
 
     h_student, h_teacher [N, d] are the final hidden states that predict `targets` [N]; w_student, w_teacher
     [V, d] are the lm-head weights (the same tensor when the student is a LoRA over the teacher's backbone).
@@ -88,7 +93,8 @@ def distill_head(
         raise ValueError(f"support must be 'teacher' or 'student', got {support!r}")
     if h_student.shape != h_teacher.shape or h_student.shape[0] != targets.shape[0]:
         raise ValueError(f"shape mismatch: {tuple(h_student.shape)}, {tuple(h_teacher.shape)}, {tuple(targets.shape)}")
-    fn = partial(_chunk, top_m=top_m, support=support, tail_floor=tail_floor, temperature=temperature)
+    fn = partial(_chunk, top_m=top_m, support=support, tail_floor=tail_floor, temperature=temperature,
+                 divergence=divergence, divergence_coef=divergence_coef)  # fmt: skip
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (h_student, h_teacher, w_student, w_teacher))
     parts = []
     for start in range(0, targets.shape[0], chunk_size):

@@ -37,9 +37,52 @@ def topm_bucket_logprobs(logits: torch.Tensor, support: torch.Tensor, tail_floor
 
 def bucket_kl(student_buckets: torch.Tensor, teacher_buckets: torch.Tensor) -> torch.Tensor:
     """KL(p̃S || p̃T) = sum_b pS_b (log pS_b - log pT_b) over the last dim; empty buckets contribute 0."""
-    ps = student_buckets.exp()
-    diff = student_buckets - teacher_buckets
-    return (ps * torch.where(ps > 0, diff, torch.zeros_like(diff))).sum(-1)
+    return _kl(student_buckets, teacher_buckets)
+
+
+def _kl(p_log: torch.Tensor, q_log: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) = sum_b p_b (log p_b - log q_b) over the last dim, from log-probabilities; p_b = 0 adds 0."""
+    p = p_log.exp()
+    diff = p_log - q_log
+    return (p * torch.where(p > 0, diff, torch.zeros_like(diff))).sum(-1)
+
+
+DIVERGENCES = ("reverse_kl", "forward_kl", "jsd", "mix")
+
+
+def bucket_divergence(
+    student_buckets: torch.Tensor, teacher_buckets: torch.Tensor, divergence: str = "reverse_kl", coef: float = 0.5
+) -> torch.Tensor:
+    """The distillation divergence D(p̃S, p̃T) between bucket distributions (log-probabilities, last dim).
+
+    - reverse_kl: KL(p̃S || p̃T), the paper's (eq. 10): mode-seeking, the student's own mass decides.
+    - forward_kl: KL(p̃T || p̃S): mass-covering (supervised KD, GKD with beta = 0).
+    - jsd: the generalised Jensen-Shannon divergence of GKD (Agarwal et al. 2024, arXiv 2306.13649) with
+      `coef` = beta in (0, 1): beta KL(p̃T || M) + (1 - beta) KL(p̃S || M), M = beta p̃T + (1 - beta) p̃S; bounded
+      by the binary entropy of beta (log 2 at beta = 1/2). TRL's GKD writes the same mixture.
+    - mix: `coef` = lambda in [0, 1]: lambda KL(p̃T || p̃S) + (1 - lambda) KL(p̃S || p̃T).
+    Every form is exact with the tail bucket: it is one more category of both distributions.
+    """
+    if divergence == "reverse_kl":
+        return _kl(student_buckets, teacher_buckets)
+    if divergence == "forward_kl":
+        return _kl(teacher_buckets, student_buckets)
+    if divergence == "jsd":
+        if not 0 < coef < 1:
+            raise ValueError(f"jsd's beta (divergence_coef) must lie in (0, 1), got {coef}")
+        # a bucket empty on both sides stays empty in M; logaddexp(-inf, -inf)'s backward would be NaN
+        empty = torch.isneginf(teacher_buckets) & torch.isneginf(student_buckets)
+        t, st = (torch.where(empty, torch.zeros_like(x), x) for x in (teacher_buckets, student_buckets))
+        mixture = torch.logaddexp(t + math.log(coef), st + math.log1p(-coef))
+        mixture = torch.where(empty, torch.full_like(mixture, float("-inf")), mixture)
+        return coef * _kl(teacher_buckets, mixture) + (1 - coef) * _kl(student_buckets, mixture)
+    if divergence == "mix":
+        if not 0 <= coef <= 1:
+            raise ValueError(f"mix's lambda (divergence_coef) must lie in [0, 1], got {coef}")
+        forward = _kl(teacher_buckets, student_buckets)
+        reverse = _kl(student_buckets, teacher_buckets)
+        return coef * forward + (1 - coef) * reverse
+    raise ValueError(f"divergence must be one of {', '.join(DIVERGENCES)}, got {divergence!r}")
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -62,16 +105,50 @@ def topm_tail_reverse_kl(
     student's instead. Token-weighted mean over masked positions of the whole batch. Gradient reaches the
     student through p̃S and the teacher's inputs (the composer's latents) through p̃T.
     """
+    return topm_tail_divergence(student_logits, teacher_logits, mask, top_m, support, tail_floor)
+
+
+def topm_tail_divergence(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor,
+    top_m: int = 20,
+    support: str = "teacher",
+    tail_floor: float | None = None,
+    divergence: str = "reverse_kl",
+    coef: float = 0.5,
+) -> torch.Tensor:
+    """`topm_tail_reverse_kl` with any `bucket_divergence` on the same top-M + tail buckets (eq. 9)."""
     if support not in ("teacher", "student"):
         raise ValueError(f"support must be 'teacher' or 'student', got {support!r}")
     if top_m < 1:
         raise ValueError(f"top_m must be >= 1, got {top_m}")
     source = teacher_logits if support == "teacher" else student_logits
     ids = source.detach().topk(min(top_m, source.shape[-1]), dim=-1).indices
-    kl = bucket_kl(
-        topm_bucket_logprobs(student_logits, ids, tail_floor), topm_bucket_logprobs(teacher_logits, ids, tail_floor)
-    )
-    return masked_mean(kl, mask)
+    buckets_s = topm_bucket_logprobs(student_logits, ids, tail_floor)
+    buckets_t = topm_bucket_logprobs(teacher_logits, ids, tail_floor)
+    return masked_mean(bucket_divergence(buckets_s, buckets_t, divergence, coef), mask)
+
+
+def opd_policy_gradient(
+    student_logp: torch.Tensor, teacher_logp: torch.Tensor, baseline: torch.Tensor | None = None
+) -> torch.Tensor:
+    """OPD as a policy gradient (vOPD, seed 004), per token: -(r - b) log pS(a) with the per-token reward
+    r = log pT(a) - log pS(a) and a baseline b, both detached (`baseline` None: b = 0, plain single-sample OPD).
+
+    Sampling a ~ pS, the expected gradient is that of -E[r] = KL(pS || pT) for any b that does not depend on a,
+    so b only lowers the variance; vOPD's b is the value -KL(pS || pT) of the position, here on the top-M buckets.
+    The teacher gets no gradient: this form distils into the student only.
+    """
+    reward = (teacher_logp - student_logp).detach()
+    advantage = reward if baseline is None else reward - baseline.detach()
+    return -advantage * student_logp
+
+
+def opd_sign(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """KL-free OPD (seed 004), per token: -sign(log pT(a) - log pS(a)) log pS(a): raise the sampled token where the
+    teacher gives it more probability than the student, lower it where less, by the direction alone."""
+    return -torch.sign((teacher_logp - student_logp).detach()) * student_logp
 
 
 def token_logprob(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -95,6 +172,57 @@ def advantages_from_rewards(rewards: torch.Tensor | list[float]) -> torch.Tensor
 def batch_margin(privilege: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Margin (eq. 12): Delta = sum(mask * A * delta) / sum(mask); `advantages` [B] broadcast over tokens."""
     return masked_mean(advantages.to(privilege.dtype).unsqueeze(-1) * privilege, mask)
+
+
+def balanced_margin(
+    privilege: torch.Tensor,
+    rows: torch.Tensor,
+    advantages: torch.Tensor,
+    n_success: int | None = None,
+    n_failure: int | None = None,
+) -> torch.Tensor | None:
+    """Order-consistent margin (ours, after Uni-OPD's criterion, seed 004): with d_r the mean privilege delta over
+    record r's tokens, Delta = 1/2 mean_{A_r > 0} d_r - 1/2 mean_{A_r < 0} d_r (A = 0: neither).
+
+    A uniform shift of the teacher's log-probabilities moves every d_r alike and cancels, so a teacher that is
+    merely worse (or better) everywhere cannot meet it: only ranking successes above failures can. Successes and
+    failures weigh one half each whatever the success rate. None when the batch holds no success or no failure
+    (nothing to rank). `privilege` [N], `rows` [N] record index per token, `advantages` [B]. Data-parallel:
+    `n_success`, `n_failure` are the step's counts over every rank, and the result is this rank's share.
+    """
+    n_records = advantages.shape[0]  # records without tokens count as neither (the step collates none)
+    sums = privilege.new_zeros(n_records).index_add(0, rows, privilege)
+    counts = privilege.new_zeros(n_records).index_add(0, rows, torch.ones_like(privilege))
+    per_record = sums / counts.clamp_min(1.0)
+    success, failure = (advantages > 0) & (counts > 0), (advantages < 0) & (counts > 0)
+    n_s = int(success.sum()) if n_success is None else n_success
+    n_f = int(failure.sum()) if n_failure is None else n_failure
+    if n_s == 0 or n_f == 0:
+        return None
+    return 0.5 * per_record[success].sum() / n_s - 0.5 * per_record[failure].sum() / n_f
+
+
+def misaligned_records(privilege: torch.Tensor, rows: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """RA-OPD's test (Reward-Aligned OPD, seed 004), per record [B] (bool): whether its distillation direction
+    disagrees with its verdict.
+
+    A record's distillation return is the sum of its tokens' delta = log pT(a) - log pS(a) (detached): distilling
+    raises the record's likelihood when it is > 0 and lowers it when it is < 0. It agrees with a success (A > 0)
+    when > 0 and with a failure (A < 0) when < 0; a return of 0, or A = 0, counts as aligned (nothing to disagree).
+    """
+    returns = privilege.detach().new_zeros(advantages.shape[0]).index_add(0, rows, privilege.detach())
+    return returns * advantages.to(returns.dtype) < 0
+
+
+def reward_aligned_weights(
+    privilege: torch.Tensor, rows: torch.Tensor, advantages: torch.Tensor, misaligned_weight: float = 0.0
+) -> torch.Tensor:
+    """RA-OPD's filter per record [B]: 1 where aligned, `misaligned_weight` (0 = drop) where `misaligned_records`."""
+    if not 0 <= misaligned_weight <= 1:
+        raise ValueError(f"misaligned_weight must lie in [0, 1], got {misaligned_weight}")
+    misaligned = misaligned_records(privilege, rows, advantages)
+    ones = torch.ones(advantages.shape[0], dtype=privilege.dtype, device=privilege.device)
+    return torch.where(misaligned, torch.full_like(ones, misaligned_weight), ones)
 
 
 def anchor_penalty(latents: torch.Tensor, cold_start_latents: torch.Tensor, reduction: str = "sum") -> torch.Tensor:

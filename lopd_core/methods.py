@@ -11,9 +11,10 @@
 
 What each paper leaves open, and what we chose, is in each class's docstring. Common choices: every
 distillation baseline uses the same top-M reverse KL as LOPD (eq. 9-10), so the comparison isolates the
-teacher's context; a record whose strategy has no privileged context for it (no known solution, no feedback)
-is left out of the loss and counted (`n_no_context`); the "EMA of student" teacher is an EMA over the LoRA
-factors (a "teacher" adapter), an approximation of an EMA over merged weights, and needs a LoRA student.
+teacher's context (`lopd.opd` changes the divergence or its form for all of them alike: docs/methods.md); a
+record whose strategy has no privileged context for it (no known solution, no feedback) is left out of the loss
+and counted (`n_no_context`); the "EMA of student" teacher is an EMA over the LoRA factors (a "teacher" adapter),
+an approximation of an EMA over merged weights, and needs a LoRA student.
 """
 
 from __future__ import annotations
@@ -30,7 +31,16 @@ from lopd_core.composer import Composer
 from lopd_core.config import LOPDConfig
 from lopd_core.conversation import Trajectory
 from lopd_core.loss_head import HeadOutputs
-from lopd_core.losses import anchor_penalty, dual_step, lagrangian
+from lopd_core.losses import (
+    anchor_penalty,
+    balanced_margin,
+    dual_step,
+    lagrangian,
+    misaligned_records,
+    opd_policy_gradient,
+    opd_sign,
+    reward_aligned_weights,
+)
 from lopd_core.models import latent_teacher_adapter
 from lopd_core.serialization import TeacherContext
 
@@ -48,8 +58,9 @@ PRIVILEGED_HEADER = "Privileged information for this task (you will not see it a
 # ------------------------------------------------------------------------------------ strategies
 
 
-class NoContext:
-    """No privileged context: the teacher view equals the student view (GRPO's reference model)."""
+class ContextStrategy:
+    """What the teacher reads, per record (a method's first half). This base gives it nothing: the teacher view
+    equals the student view."""
 
     teacher_requires_grad = False
     teacher_adapter: str | None = None
@@ -69,7 +80,11 @@ class NoContext:
         pass
 
 
-class LatentContext(NoContext):
+class NoContext(ContextStrategy):
+    """GRPO's: no privileged context (its reference model, when kl_coef > 0, reads what the student reads)."""
+
+
+class LatentContext(ContextStrategy):
     """LOPD: the teacher reads J*K latents composed from the top-J retrieved successes (§3.2)."""
 
     teacher_requires_grad = True
@@ -112,11 +127,12 @@ class LatentContext(NoContext):
         return out
 
 
-class TextContext(NoContext):
+class TextContext(ContextStrategy):
     """A text context per record, built by `describe(trajectory, batch)`; None = no privileged info for it."""
 
     requires_context = True
     default_sync = "ema"  # the teacher's weights unless `baseline.teacher_sync` says: "frozen" or "ema"
+    from_task_alone = True  # the context needs only the task (so the teacher can act with it), not an attempt
 
     def __init__(self, models: LOPDModels, cfg: LOPDConfig) -> None:
         sync = cfg.baseline.teacher_sync if cfg.baseline.teacher_sync != "default" else self.default_sync
@@ -210,6 +226,8 @@ class FeedbackContext(TextContext):
     rollout with itself).
     """
 
+    from_task_alone = False
+
     def describe(self, trajectory: Trajectory, batch: Sequence[Trajectory]) -> str | None:
         parts = []
         failed = [c for c in trajectory.checks if not c.get("passed", False)]
@@ -256,9 +274,12 @@ def _is_error(text: str) -> bool:
 
 # ------------------------------------------------------------------------------------ objectives
 
+Stats = dict[str, float]
 
-class DistillObjective:
-    """Top-M reverse KL on the student's own tokens (eq. 9-10), nothing else."""
+
+class Objective:
+    """What a step minimises (a method's second half): `loss(head, batch)` -> (loss, stats), then `after_step`
+    with the stats summed over ranks. This base holds the shared plumbing and no loss."""
 
     needs_teacher = True
     epochs = 1
@@ -267,36 +288,87 @@ class DistillObjective:
     def __init__(self, cfg: LOPDConfig) -> None:
         self.cfg = cfg
 
-    def terms(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """(distill, margin Delta in the loss, eq. 12's token-weighted Delta for the dual step and the logs).
-
-        The first two follow `loss_normalization` ("token" = eq. 10 and 12); the third is always token-weighted.
-        """
-        if head.kl is None or head.teacher_logp is None:
-            raise ValueError(f"{type(self).__name__} needs the teacher's side of the loss head")
-        norm = self.cfg.loss_normalization
-        adv = batch.advantages
-        if self.cfg.margin_advantage == "centered":  # a uniform shift of the teacher's log-probs leaves Delta at 0
-            adv = adv - (adv.mean() if batch.advantage_mean_global is None else batch.advantage_mean_global)
-        weighted = adv[batch.rows] * head.privilege
-        margin = batch.reduce(weighted, norm)
-        margin_token = margin.item() if norm != "record" else batch.reduce(weighted.detach(), "token").item()
-        return batch.reduce(head.kl, norm), margin, margin_token
-
     def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """(loss, stats). Data-parallel, both are this rank's shares of the global values: the step sums them over
         ranks (every stat but `beta_loss`, which every rank holds) before `after_step` sees them."""
-        distill, _, margin = self.terms(head, batch)  # the margin is a diagnostic here
-        return distill, {"distill_kl": distill.item(), "margin": margin}
+        raise NotImplementedError
 
     def after_step(self, stats: Mapping[str, float]) -> None:
         pass
+
+    def metrics(self) -> dict[str, float]:
+        """The objective's own state, logged after each step (none here)."""
+        return {}
 
     def state_dict(self) -> dict[str, float]:
         return {}
 
     def load_state_dict(self, state: Mapping[str, float]) -> None:
         pass
+
+
+class DistillObjective(Objective):
+    """The distillation term on the student's own tokens: top-M reverse KL (eq. 9-10) by default, or another
+    divergence or form of `lopd.opd`; the margin is logged, not optimised."""
+
+    def terms(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, torch.Tensor, float | None, Stats]:
+        """(distill, margin Delta in the loss, eq. 12's token-weighted Delta for the dual step and the logs, and
+        the distillation term's stats: its value, and RA-OPD's misaligned share when `reward_aligned` is on).
+
+        The first two follow `loss_normalization` ("token" = eq. 10 and 12); the third is always token-weighted.
+        `margin_advantage: balanced` gives the order-consistent margin in both places (per-record means by
+        definition), and None as the third when the batch has nothing to rank (no success or no failure).
+        """
+        if head.kl is None or head.teacher_logp is None:
+            raise ValueError(f"{type(self).__name__} needs the teacher's side of the loss head")
+        norm = self.cfg.loss_normalization
+        kl, per_token, stats = head.kl, self._distill_tokens(head), {}
+        if self.cfg.opd.reward_aligned:  # RA-OPD: records whose distillation direction disagrees with their verdict
+            weights = reward_aligned_weights(
+                head.privilege, batch.rows, batch.advantages, self.cfg.opd.misaligned_weight
+            )
+            kl, per_token = kl * weights[batch.rows], per_token * weights[batch.rows]
+            misaligned = misaligned_records(head.privilege, batch.rows, batch.advantages).sum().item()
+            stats["ra_misaligned"] = misaligned / max(batch.n_records_global or batch.n_records, 1)
+        distill = batch.reduce(per_token, norm)
+        stats["distill_kl"] = batch.reduce(kl.detach(), norm).item()
+        return (distill, *self._margin(head, batch), stats)
+
+    def _distill_tokens(self, head: HeadOutputs) -> torch.Tensor:
+        """The per-token distillation term by `distill_form`: the divergence itself, or a policy-gradient surrogate
+        whose gradient distils (its value is not a divergence: `distill_kl` still logs the divergence, weighed by
+        RA-OPD's filter when `reward_aligned` is on)."""
+        assert head.kl is not None and head.teacher_logp is not None
+        form = self.cfg.opd.distill_form
+        if form == "divergence":
+            return head.kl
+        if form == "sign":
+            return opd_sign(head.student_logp, head.teacher_logp)
+        baseline = -head.kl if form == "vopd" else None
+        return opd_policy_gradient(head.student_logp, head.teacher_logp, baseline)
+
+    def _margin(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, float | None]:
+        """(Delta in the loss, Delta for the dual step and the logs; None when undefined), by `margin_advantage`."""
+        if self.cfg.margin_advantage == "balanced":
+            margin = balanced_margin(head.privilege, batch.rows, batch.advantages, batch.n_success_global,
+                                     batch.n_failure_global)  # fmt: skip
+            return (head.privilege.new_zeros(()), None) if margin is None else (margin, margin.item())
+        adv = batch.advantages
+        if self.cfg.margin_advantage == "centered":  # a uniform shift of the teacher's log-probs leaves Delta at 0
+            adv = adv - (adv.mean() if batch.advantage_mean_global is None else batch.advantage_mean_global)
+        weighted = adv[batch.rows] * head.privilege
+        norm = self.cfg.loss_normalization
+        margin = batch.reduce(weighted, norm)
+        return margin, margin.item() if norm != "record" else batch.reduce(weighted.detach(), "token").item()
+
+    def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        distill, _, margin, stats = self.terms(head, batch)  # the margin is a diagnostic here
+        return distill, {**stats, **_margin_stat(margin)}
+
+
+def _margin_stat(margin: float | None) -> dict[str, float]:
+    """The margin as a logged stat; an undefined one (no success or no failure to rank) is left out, not 0."""
+    return {} if margin is None else {"margin": margin}
 
 
 class LOPDObjective(DistillObjective):
@@ -307,7 +379,7 @@ class LOPDObjective(DistillObjective):
         self.beta = cfg.beta_init
 
     def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        distill, margin, margin_token = self.terms(head, batch)
+        distill, margin, margin_token, stats = self.terms(head, batch)
         t = batch.teacher
         if t.latents is None or t.cold_start_latents is None:
             raise ValueError("LOPDObjective needs latents and cold-start latents from the context strategy")
@@ -316,11 +388,15 @@ class LOPDObjective(DistillObjective):
             anchor = anchor * batch.record_share()
         target = self.cfg.margin_target / batch.world_size
         loss = lagrangian(distill, margin, anchor, self.beta, target, self.cfg.anchor_weight)
-        stats = {"distill_kl": distill.item(), "margin": margin_token, "anchor": anchor.item()}
+        stats = {**stats, **_margin_stat(margin_token), "anchor": anchor.item()}
         return loss, {**stats, "beta_loss": self.beta}
 
     def after_step(self, stats: Mapping[str, float]) -> None:
-        self.beta = dual_step(self.beta, stats["margin"], self.cfg.margin_target, self.cfg.dual_lr)
+        if "margin" in stats:  # an undefined balanced margin (nothing to rank) holds beta
+            self.beta = dual_step(self.beta, stats["margin"], self.cfg.margin_target, self.cfg.dual_lr)
+
+    def metrics(self) -> dict[str, float]:
+        return {"beta": float(self.beta)}
 
     def state_dict(self) -> dict[str, float]:
         return {"beta": self.beta}
@@ -329,7 +405,7 @@ class LOPDObjective(DistillObjective):
         self.beta = float(state["beta"])
 
 
-class GRPOObjective(DistillObjective):
+class GRPOObjective(Objective):
     """GRPO (DeepSeekMath, arXiv 2402.03300): group-normalised advantages, clipped ratio, optional k3 KL.
 
     A_i = (r_i - mean(r_group)) / (std(r_group) + eps) over the G rollouts of a task; per token
@@ -383,12 +459,36 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float = 1
 
 @dataclass(frozen=True)
 class Method:
-    """A method = a teacher-context strategy + an objective, and the inputs the strategy needs."""
+    """A method = a teacher-context strategy + an objective, and the rules the rest of the platform reads from it
+    (configs, specs and the train and evaluate stages ask `METHODS[name]`, never the name itself)."""
 
-    strategy: Callable[..., NoContext]  # (models, cfg, inputs) -> strategy
-    context: type[NoContext]  # the strategy's class: what the teacher reads
-    objective: type[DistillObjective]
-    needs: tuple[str, ...] = ()  # of: retrieve, solutions, skills
+    strategy: Callable[..., ContextStrategy]  # (models, cfg, inputs) -> strategy
+    context: type[ContextStrategy]  # the strategy's class: what the teacher reads
+    objective: type[Objective]
+    needs: tuple[str, ...] = ()  # of: retrieve (the bank and the composer), solutions, skills (notes)
+    min_group: int = 1  # rollouts per task that a step needs (schedule.samples_per_task)
+    group_reason: str = ""  # why, for the error when the schedule has fewer
+
+    @property
+    def reads_bank(self) -> bool:
+        """Its teacher retrieves from the experience bank through the cold-started composer (LOPD)."""
+        return "retrieve" in self.needs
+
+    @property
+    def reads_notes(self) -> bool:
+        """Its teacher reads skill notes built from the collect stage's trajectories (Skill-SD)."""
+        return "skills" in self.needs
+
+    @property
+    def acting_teacher(self) -> bool:
+        """Its teacher can act as a policy with its text context (teacher_eval): a context built from the task
+        alone, not from the student's own attempt."""
+        return issubclass(self.context, TextContext) and self.context.from_task_alone
+
+    def check_group(self, name: str, samples_per_task: int, field: str = "schedule.samples_per_task") -> None:
+        """A clear error when a step's groups are smaller than the method needs."""
+        if samples_per_task < self.min_group:
+            raise ValueError(f"method {name!r} needs {field} >= {self.min_group}: {self.group_reason}")
 
 
 METHODS: dict[str, Method] = {  # every method, once (its name is config.MethodName)
@@ -407,9 +507,22 @@ METHODS: dict[str, Method] = {  # every method, once (its name is config.MethodN
         DistillObjective,
         ("solutions",),
     ),
-    "sdpo": Method(lambda m, c, i: FeedbackContext(m, c), FeedbackContext, DistillObjective),
+    "sdpo": Method(
+        lambda m, c, i: FeedbackContext(m, c),
+        FeedbackContext,
+        DistillObjective,
+        min_group=2,
+        group_reason="its teacher reads a successful sibling attempt of the same task from the group (with 1 it "
+        "would see feedback only)",
+    ),
     "skill_sd": Method(lambda m, c, i: SkillContext(m, c, i["skills"]), SkillContext, DistillObjective, ("skills",)),
-    "grpo": Method(lambda m, c, i: NoContext(), NoContext, GRPOObjective),
+    "grpo": Method(
+        lambda m, c, i: NoContext(),
+        NoContext,
+        GRPOObjective,
+        min_group=2,
+        group_reason="the group size G: GRPO normalises each advantage within its task's G rollouts",
+    ),
 }
 
 
@@ -429,7 +542,7 @@ def build_method(
     solutions: SolutionLookup | None = None,
     skills: SkillLookup | None = None,
     source_env: SourceEnv | None = None,
-) -> tuple[NoContext, DistillObjective]:
+) -> tuple[ContextStrategy, Objective]:
     """(strategy, objective) for `cfg.method`; names the missing input when a method needs one. `source_env`
     (optional) tells the environment of a retrieved experience, for LOPD's diagnostic `retrieval_same_env`."""
     if cfg.method not in METHODS:

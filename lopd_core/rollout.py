@@ -48,11 +48,11 @@ class Generation:
     token_ids: list[int]
     truncated: bool
     logprobs: list[float] = field(default_factory=list, repr=False)  # log p(token) under the model, untempered
-    past: _Past | None = field(default=None, repr=False)  # the row's keys/values after the turn (reuse_cache)
+    past: Past | None = field(default=None, repr=False)  # the row's keys/values after the turn (reuse_cache)
 
 
 @dataclass
-class _Past:
+class Past:
     """Cached keys/values of a token prefix (batch dimension 1): one (keys, values) pair per layer."""
 
     ids: list[int]
@@ -60,7 +60,9 @@ class _Past:
 
 
 @dataclass
-class _Live:
+class LiveEpisode:
+    """An episode while it is rolled out: its messages so far, counters, and its cached prefix."""
+
     index: int
     episode: Episode
     messages: list[Message]
@@ -71,7 +73,7 @@ class _Live:
     finish_reason: str = ""
     error: str | None = None
     started: float = field(default_factory=time.monotonic)
-    past: _Past | None = None
+    past: Past | None = None
 
 
 class RolloutEngine:
@@ -90,10 +92,17 @@ class RolloutEngine:
         self.stop_ids = {self.end_of_turn_id} | _eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.end_of_turn_id)
-        self._prefixes: dict[tuple[int, ...], _Past] = {}
+        self._prefixes: dict[tuple[int, ...], Past] = {}
         self._reuse = self.config.reuse_cache
         self._reuse_checked: bool | None = None  # whether the model's cache supports reuse (checked once)
         self.stats: dict[str, float] = {}  # of the last run: generated tokens, seconds, forward passes, ...
+
+    # the engine samples from `model` itself, so a weight update needs no sync; the vLLM engine holds a copy
+    holds_weights = False
+
+    def sync(self, model: torch.nn.Module | None = None) -> float:
+        """Bring the engine's weights up to `model`'s after an update; returns seconds (nothing to do here)."""
+        return 0.0
 
     def close(self) -> None:
         """Release what the engine holds (the HF engine holds nothing; the vLLM engine its worker process)."""
@@ -111,10 +120,10 @@ class RolloutEngine:
         cfg = self.config
         generator = torch.Generator(device=_device(self.model)).manual_seed(cfg.seed)
         queue = deque(range(len(episodes)))
-        live: list[_Live] = []
+        live: list[LiveEpisode] = []
         done: dict[int, Trajectory] = {}
         self._reset_stats()
-        self._prefixes: dict[tuple[int, ...], _Past] = {}  # shared system-prompt caches, valid for this run only
+        self._prefixes: dict[tuple[int, ...], Past] = {}  # shared system-prompt caches, valid for this run only
         self._reuse = cfg.reuse_cache
         t0 = time.monotonic()
         was_training = self.model.training
@@ -175,14 +184,14 @@ class RolloutEngine:
         keys = ("generated_tokens", "prompt_tokens", "prefilled_tokens", "forward_passes", "rounds", "generate_s")
         self.stats = dict.fromkeys(keys, 0)
 
-    def _open(self, index: int, episode: Episode) -> _Live:
+    def _open(self, index: int, episode: Episode) -> LiveEpisode:
         try:
             messages = list(episode.initial_messages())
         except Exception as exc:
-            return _Live(index, episode, [], finish_reason="error", error=f"initial_messages: {exc!r}")
-        return _Live(index, episode, messages)
+            return LiveEpisode(index, episode, [], finish_reason="error", error=f"initial_messages: {exc!r}")
+        return LiveEpisode(index, episode, messages)
 
-    def _shared_prefix(self, messages: list[Message], prompt: list[int]) -> _Past | None:
+    def _shared_prefix(self, messages: list[Message], prompt: list[int]) -> Past | None:
         """The cache of the prompt's part before the first user message's content (system prompt and user
         header), computed once per distinct prefix in a run."""
         cut = self.serializer.view(messages).insert_pos
@@ -200,10 +209,10 @@ class RolloutEngine:
             if kv is None:
                 self._reuse = False
                 return None
-            self._prefixes[key] = _Past(list(key), kv)
+            self._prefixes[key] = Past(list(key), kv)
         return self._prefixes[key]
 
-    def _advance(self, state: _Live, out: Generation) -> None:
+    def _advance(self, state: LiveEpisode, out: Generation) -> None:
         cfg = self.config
         state.past = out.past
         text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
@@ -224,7 +233,7 @@ class RolloutEngine:
         elif state.n_turns >= cfg.max_turns:
             state.finish_reason = "max_turns"
 
-    def _close(self, state: _Live) -> Trajectory:
+    def _close(self, state: LiveEpisode) -> Trajectory:
         task = state.episode.task
         meta: dict[str, Any] = {
             "generations": 1,
@@ -272,7 +281,7 @@ class RolloutEngine:
         prompts: Sequence[Sequence[int]],
         max_new_tokens: Sequence[int],
         generator: torch.Generator | None = None,
-        pasts: Sequence[_Past | None] | None = None,
+        pasts: Sequence[Past | None] | None = None,
     ) -> list[Generation]:
         """Sample one turn for each prompt at once: left padding, KV cache, per-row stop and token budget.
 
@@ -313,7 +322,7 @@ class RolloutEngine:
         results: list[Generation | None] = [None] * n
         next_pos = positions[:, -1]
         while rows:
-            tokens = _sample(logits, cfg.temperature, cfg.top_p, generator)
+            tokens = sample_tokens(logits, cfg.temperature, cfg.top_p, generator)
             token_logprobs = torch.log_softmax(logits.float(), dim=-1).gather(1, tokens.view(-1, 1)).view(-1).tolist()
             keep = []
             for r, (row, token) in enumerate(zip(rows, tokens.tolist(), strict=True)):
@@ -332,7 +341,7 @@ class RolloutEngine:
                     keep.append(r)
                     continue
                 if reuse:
-                    done.past = _Past(prompts[row] + fed, _extract(cache, r, attention[r]))
+                    done.past = Past(prompts[row] + fed, _extract(cache, r, attention[r]))
                 results[row] = done
             if not keep:
                 break
@@ -367,22 +376,6 @@ class RolloutEngine:
             return self.model(**kwargs)
 
 
-def make_engine(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    config: RolloutConfig | None = None,
-    serializer: ChatSerializer | None = None,
-) -> RolloutEngine:
-    """The engine that `config.engine` names: `RolloutEngine` ("hf") or `VllmRolloutEngine` ("vllm", which
-    starts a worker process: close it, or use the engine as a context manager)."""
-    config = config or RolloutConfig()
-    if config.engine == "vllm":
-        from lopd_core.vllm_engine import VllmRolloutEngine
-
-        return VllmRolloutEngine(model, tokenizer, config, serializer)
-    return RolloutEngine(model, tokenizer, config, serializer)
-
-
 def _layers(cache: Any, probe: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """A plain per-layer (keys, values) view of a cache, or None for caches that cannot be re-laid-out."""
     if type(cache) is not DynamicCache or not cache.layers:
@@ -400,7 +393,7 @@ def _extract(cache: Any, row: int, mask: torch.Tensor) -> list[tuple[torch.Tenso
     return [(k[row : row + 1, :, index].clone(), v[row : row + 1, :, index].clone()) for k, v in _layers(cache) or []]
 
 
-def _merge(pasts: Sequence[_Past | None], width: int) -> DynamicCache:
+def _merge(pasts: Sequence[Past | None], width: int) -> DynamicCache:
     """One batched cache from per-row prefixes, each left-padded with zeros to `width` positions."""
     template = next(p for p in pasts if p is not None).kv
     layers = []
@@ -415,7 +408,9 @@ def _merge(pasts: Sequence[_Past | None], width: int) -> DynamicCache:
     return DynamicCache(layers)
 
 
-def _sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> torch.Tensor:
     logits = logits.float()
     if temperature == 0:
         return logits.argmax(dim=-1)

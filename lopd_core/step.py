@@ -35,10 +35,10 @@ from lopd_core.distributed import World, current_world, gathered, idle_loss, is_
 from lopd_core.loss_head import HeadOutputs, distill_head, token_logprobs
 from lopd_core.losses import advantages_from_rewards
 from lopd_core.methods import (  # re-exported: the step's public vocabulary
-    DistillObjective,
+    ContextStrategy,
     LatentContext,
     LOPDObjective,
-    NoContext,
+    Objective,
     Retriever,
     build_method,
 )
@@ -118,8 +118,8 @@ class TrainStep:
         self,
         models: LOPDModels,
         serializer: ChatSerializer,
-        strategy: NoContext,
-        objective: DistillObjective,
+        strategy: ContextStrategy,
+        objective: Objective,
         cfg: LOPDConfig,
         sink: MetricsSink | None = None,
         world: World | None = None,
@@ -233,8 +233,7 @@ class TrainStep:
                 diagnostics, weights = teacher_diagnostics(head.privilege, inputs.rows, inputs.rewards, inputs.marked)
                 metrics.update(diagnostics)
                 self._weights.update(weights)
-        if hasattr(self.objective, "beta"):
-            shared["beta"] = float(self.objective.beta)  # after the dual step
+        shared.update(self.objective.metrics())  # its state after the step (LOPD: beta after the dual step)
         return self._finish(metrics, t0, updated=True, shared=shared)
 
     def _collate(self, views: list[tuple[Trajectory, Any, Any]]) -> StepInputs:
@@ -259,16 +258,19 @@ class TrainStep:
         """Data-parallel: the step's token and record counts and the mean advantage over every rank ({} on one)."""
         if not self.world.active:
             return {}
-        local = {"tokens": 0.0, "records": 0.0, "advantage": 0.0}
+        local = {"tokens": 0.0, "records": 0.0, "advantage": 0.0, "success": 0.0, "failure": 0.0}
         if inputs is not None:
-            advantage = advantages_from_rewards(inputs.rewards).sum().item()
-            local = {"tokens": inputs.targets.numel(), "records": len(inputs.trajs), "advantage": advantage}
+            adv = advantages_from_rewards(inputs.rewards)
+            local = {"tokens": inputs.targets.numel(), "records": len(inputs.trajs), "advantage": adv.sum().item(),
+                     "success": (adv > 0).sum().item(), "failure": (adv < 0).sum().item()}  # fmt: skip
         total = self.world.sum_floats(local)
         records = round(total["records"])
         return {
             "n_tokens_global": round(total["tokens"]),
             "n_records_global": records,
             "advantage_mean_global": total["advantage"] / max(records, 1),
+            "n_success_global": round(total["success"]),
+            "n_failure_global": round(total["failure"]),
             "world_size": self.world.world_size,
         }
 
@@ -294,6 +296,7 @@ class TrainStep:
             head = distill_head(
                 h_student, h_teacher, targets, w_student, w_teacher, self.cfg.top_m, self.cfg.kl_support,
                 self.cfg.head_chunk_size, self.cfg.tail_floor, self.objective.temperature,
+                self.cfg.opd.divergence, self.cfg.opd.divergence_coef,
             )  # fmt: skip
         else:
             logp = token_logprobs(h_student, targets, w_student, self.cfg.head_chunk_size, self.objective.temperature)

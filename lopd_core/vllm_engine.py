@@ -4,7 +4,7 @@ vLLM engine in a worker process, with the student's current weights loaded into 
     with VllmRolloutEngine(model, tokenizer, RolloutConfig(engine="vllm")) as engine:
         trajectories = engine.run(episodes)       # multi-turn, environment steps in between
         ...optimizer step...
-        engine.sync_weights()                     # merged LoRA -> the running engine, in place
+        engine.sync()                             # merged LoRA -> the running engine, in place
 
 Process layout. vLLM pins an older transformers than the project, so it lives in its own virtual environment
 (`.venv-vllm`, `make venv-vllm`; or `$LOPD_VLLM_PYTHON`, or this interpreter when it can import vllm) and runs
@@ -46,7 +46,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lopd_core.conversation import Trajectory
 from lopd_core.envs.base import Episode
-from lopd_core.rollout import Generation, RolloutConfig, RolloutEngine, _Past
+from lopd_core.rollout import Generation, Past, RolloutConfig, RolloutEngine
 from lopd_core.serialization import ChatSerializer
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -325,7 +325,9 @@ class VllmRolloutEngine(RolloutEngine):
         self.config = self.config.model_copy(update={"reuse_cache": False})  # vLLM's prefix cache does this
         return super().run(episodes, desc)
 
-    def sync_weights(self, model: torch.nn.Module | None = None) -> float:
+    holds_weights = True
+
+    def sync(self, model: torch.nn.Module | None = None) -> float:
         """Load the student's current weights (LoRA merged) into the engine; returns seconds."""
         return self.server.sync(model if model is not None else self.model)
 
@@ -334,7 +336,7 @@ class VllmRolloutEngine(RolloutEngine):
         prompts: Sequence[Sequence[int]],
         max_new_tokens: Sequence[int],
         generator: torch.Generator | None = None,
-        pasts: Sequence[_Past | None] | None = None,
+        pasts: Sequence[Past | None] | None = None,
     ) -> list[Generation]:
         cfg = self.config
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist()

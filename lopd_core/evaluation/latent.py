@@ -23,7 +23,7 @@ import torch
 from lopd_core.conversation import Trajectory
 from lopd_core.envs.base import Episode, Task
 from lopd_core.models import LOPDModels, splice_latents
-from lopd_core.rollout import Generation, RolloutConfig, RolloutEngine, _Live, _sample
+from lopd_core.rollout import Generation, LiveEpisode, RolloutConfig, RolloutEngine, sample_tokens
 from lopd_core.serialization import ChatSerializer, TeacherContext
 
 LatentSource = Callable[[Sequence[Task]], torch.Tensor]  # tasks -> [B, J*K, d]
@@ -84,10 +84,10 @@ class LatentRollout(RolloutEngine):
             self.model.train(was_training)
         return out
 
-    def _play(self, states: list[_Live], latents: torch.Tensor, generator: torch.Generator) -> None:
+    def _play(self, states: list[LiveEpisode], latents: torch.Tensor, generator: torch.Generator) -> None:
         cfg = self.config
         while True:
-            rows: list[tuple[_Live, list[int], int, int, int]] = []
+            rows: list[tuple[LiveEpisode, list[int], int, int, int]] = []
             for i, s in enumerate(states):
                 if s.finish_reason:
                     continue
@@ -135,7 +135,7 @@ class LatentRollout(RolloutEngine):
             out = model(inputs_embeds=embeds, attention_mask=attention, position_ids=positions, use_cache=True)
             next_pos = positions[:, -1]
             for _ in range(max(budgets)):
-                tokens = _sample(out.logits[:, -1, :], self.config.temperature, self.config.top_p, generator)
+                tokens = sample_tokens(out.logits[:, -1, :], self.config.temperature, self.config.top_p, generator)
                 for b, token in enumerate(tokens.tolist()):
                     if done[b] is not None:
                         continue

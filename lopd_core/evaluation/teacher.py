@@ -16,7 +16,7 @@ from typing import Any
 
 from lopd_core.conversation import Message, Trajectory
 from lopd_core.envs.base import Episode
-from lopd_core.rollout import RolloutConfig, RolloutEngine, _Live
+from lopd_core.rollout import LiveEpisode, RolloutConfig, RolloutEngine
 from lopd_core.serialization import ChatSerializer, TeacherContext
 
 
@@ -46,7 +46,7 @@ class TextTeacherRollout(RolloutEngine):
         self.contexts = contexts
         self.n_without_context = 0
 
-    def _open(self, index: int, episode: Episode) -> _Live:
+    def _open(self, index: int, episode: Episode) -> LiveEpisode:
         state = super()._open(index, episode)
         context = self.contexts.get(episode.task.task_id)
         self.n_without_context += context is None

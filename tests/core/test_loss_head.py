@@ -47,6 +47,23 @@ def test_head_matches_logits_level_functions(chunk, support, top_m):
     assert g_s is None or g_s.abs().max() == 0
 
 
+@pytest.mark.parametrize("chunk", [1, 23])
+@pytest.mark.parametrize("divergence,coef", [("forward_kl", 0.5), ("jsd", 0.3), ("mix", 0.7)])
+def test_head_divergences_match_logits_level_functions(chunk, divergence, coef):
+    h_s, h_t, w_s, w_t, targets = case(chunk + 3)
+    head = distill_head(h_s, h_t, targets, w_s, w_t, top_m=5, chunk_size=chunk, divergence=divergence,
+                        divergence_coef=coef)  # fmt: skip
+    ls, lt = (h_s @ w_s.T)[None], (h_t @ w_t.T)[None]
+    mask = torch.ones(1, targets.numel(), dtype=torch.float64)
+    ref = L.topm_tail_divergence(ls, lt, mask, 5, divergence=divergence, coef=coef)
+    assert torch.allclose(head.kl.mean(), ref, atol=1e-12)
+    params = (h_s, h_t, w_s, w_t)
+    for a, b in zip(torch.autograd.grad(head.kl.mean(), params), torch.autograd.grad(ref, params), strict=True):
+        assert torch.allclose(a, b, atol=1e-12)
+    reverse = distill_head(h_s, h_t, targets, w_s, w_t, top_m=5, chunk_size=chunk).kl
+    assert not torch.allclose(head.kl, reverse)  # the option reaches the head
+
+
 @pytest.mark.parametrize("temperature", [0.7, 1.3])
 def test_head_at_a_temperature_is_the_head_of_the_scaled_logits(temperature):
     """GRPO's head: every distribution is softmax(logits / T), values and gradients (full vocabulary, float64)."""

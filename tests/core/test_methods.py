@@ -183,3 +183,20 @@ def test_every_method_name_has_one_registry_entry():
     assert list(METHODS) == list(get_args(MethodName))
     with pytest.raises(ValueError, match="needs `skills`"):
         build_method(None, LOPDConfig(method="skill_sd"))  # type: ignore[arg-type]
+
+
+def test_the_registry_carries_each_methods_rules():
+    from lopd_core.methods import METHODS
+
+    rules = {name: (m.reads_bank, m.reads_notes, m.acting_teacher, m.min_group) for name, m in METHODS.items()}
+    assert rules == {
+        "lopd": (True, False, False, 1),  # the bank through the composer; its teacher acts through latent_eval
+        "opsd": (False, False, True, 1),
+        "sdft": (False, False, True, 1),
+        "sdpo": (False, False, False, 2),  # its context needs the student's own attempt and a sibling
+        "skill_sd": (False, True, True, 1),
+        "grpo": (False, False, False, 2),
+    }
+    METHODS["sdpo"].check_group("sdpo", 2)
+    with pytest.raises(ValueError, match=r"'grpo' needs schedule\.samples_per_task >= 2: the group size G"):
+        METHODS["grpo"].check_group("grpo", 1)

@@ -138,7 +138,7 @@ def test_tail_floor_is_the_reference_clamp():
         topm_bucket_logprobs(logits, support, tail_floor=0.5)
 
 
-def test_a_uniformly_worse_teacher_meets_the_verdict_margin_but_not_the_centered_one():
+def test_a_uniformly_worse_teacher_meets_the_verdict_margin_but_not_the_centered_or_balanced_one():
     """Three failures and one success (A = -1, -1, -1, +1), one token each, delta = -0.5 on every token: the verdict
     margin is mean(A delta) = (0.5 * 3 - 0.5) / 4 = +0.25; centred (A - mean A = -0.5, -0.5, -0.5, +1.5) it is 0."""
     rows = torch.arange(4)
@@ -148,8 +148,83 @@ def test_a_uniformly_worse_teacher_meets_the_verdict_margin_but_not_the_centered
 
     head = HeadOutputs(student_logp=student, kl=torch.zeros(4, dtype=torch.float64), teacher_logp=student - 0.5)
     batch = DistillBatch(rows, 4, rewards, rows, TeacherInputs())
-    for advantage, expected in (("verdict", 0.25), ("centered", 0.0)):
+    for advantage, expected in (("verdict", 0.25), ("centered", 0.0), ("balanced", 0.0)):
         objective = LOPDObjective(LOPDConfig(margin_advantage=advantage))
-        _, margin, margin_token = objective.terms(head, batch)
+        _, margin, margin_token, _ = objective.terms(head, batch)
         assert margin.item() == pytest.approx(expected, abs=1e-12)
         assert margin_token == pytest.approx(expected, abs=1e-12)
+
+
+def test_balanced_margin_in_the_objective_and_beta_held_when_nothing_ranks():
+    """The success's token delta +0.4 and the failures' -0.2, -0.6 (one token each): Delta = 0.2 + 0.2 = 0.4, and
+    beta moves by eta (m - Delta); with failures only there is nothing to rank: no margin stat, beta held."""
+    from lopd_core.loss_head import HeadOutputs
+
+    rows = torch.arange(3)
+    student = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64)
+    delta = torch.tensor([0.4, -0.2, -0.6], dtype=torch.float64)
+    head = HeadOutputs(student_logp=student, kl=torch.zeros(3, dtype=torch.float64), teacher_logp=student + delta)
+    c = torch.zeros(3, 2, 4, dtype=torch.float64)
+    cfg = LOPDConfig(margin_advantage="balanced", beta_init=1.0, dual_lr=0.5, margin_target=0.05)
+    objective = LOPDObjective(cfg)
+    rewards = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
+    _, stats = objective.loss(head, DistillBatch(rows, 3, rewards, rows, TeacherInputs(c, c)))
+    assert stats["margin"] == pytest.approx(0.5 * 0.4 - 0.5 * (-0.4), abs=1e-12)
+    objective.after_step(stats)
+    assert objective.beta == pytest.approx(1.0 + 0.5 * (0.05 - 0.4), abs=1e-12)
+    failures = torch.zeros(3, dtype=torch.float64)
+    _, stats = objective.loss(head, DistillBatch(rows, 3, failures, rows, TeacherInputs(c, c)))
+    assert "margin" not in stats
+    objective.after_step(stats)
+    assert objective.beta == pytest.approx(0.825, abs=1e-12)
+
+
+def test_reward_aligned_distillation_drops_the_misaligned_records():
+    """Three records, one token each, KL 1, 2, 4: a success the teacher favours (aligned), a success it disfavours
+    (misaligned), a failure it disfavours (aligned). Dropped: (1 + 4) / 3; weighed 1/2: (1 + 1 + 4) / 3."""
+    from lopd_core.loss_head import HeadOutputs
+    from lopd_core.methods import DistillObjective
+
+    rows = torch.arange(3)
+    student = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64)
+    kl = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)
+    head = HeadOutputs(student, kl=kl, teacher_logp=student + torch.tensor([0.3, -0.2, -0.6], dtype=torch.float64))
+    batch = DistillBatch(rows, 3, torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64), rows, TeacherInputs())
+    for weight, expected in ((0.0, 5 / 3), (0.5, 6 / 3), (1.0, 7 / 3)):
+        loss, stats = DistillObjective(LOPDConfig(opd={"reward_aligned": True, "misaligned_weight": weight})).loss(
+            head, batch
+        )
+        assert loss.item() == pytest.approx(expected, abs=1e-12)
+        assert stats["ra_misaligned"] == pytest.approx(1 / 3)
+    loss, stats = DistillObjective(LOPDConfig()).loss(head, batch)
+    assert loss.item() == pytest.approx(7 / 3) and "ra_misaligned" not in stats
+
+
+@pytest.mark.parametrize("form", ["policy_gradient", "vopd", "sign"])
+def test_distill_forms_in_the_objective(form):
+    """Per token: delta = (0.3, -0.2, -0.6), bucket KL (1, 2, 4), token mean over 3. The student log-prob's
+    gradient is -(delta)/3, -(delta + KL)/3 (vOPD's baseline -KL) or -sign(delta)/3; distill_kl logs the KL."""
+    from lopd_core.loss_head import HeadOutputs
+    from lopd_core.methods import DistillObjective
+
+    rows = torch.arange(3)
+    student = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64, requires_grad=True)
+    delta = torch.tensor([0.3, -0.2, -0.6], dtype=torch.float64)
+    kl = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)
+    head = HeadOutputs(student, kl=kl, teacher_logp=student.detach() + delta)
+    batch = DistillBatch(rows, 3, torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64), rows, TeacherInputs())
+    loss, stats = DistillObjective(LOPDConfig(opd={"distill_form": form})).loss(head, batch)
+    expected = {"policy_gradient": -delta, "vopd": -(delta + kl), "sign": -torch.sign(delta)}[form] / 3
+    assert torch.allclose(torch.autograd.grad(loss, student)[0], expected, atol=1e-12)
+    assert stats["distill_kl"] == pytest.approx(7 / 3)
+
+
+def test_vopd_needs_the_reverse_kl():
+    with pytest.raises(ValueError, match="distill_form"):
+        LOPDConfig(opd={"distill_form": "vopd", "divergence": "forward_kl"})
+    LOPDConfig(opd={"distill_form": "policy_gradient", "divergence": "forward_kl"})
+
+
+def test_balanced_margin_refuses_the_reference_normalisation():
+    with pytest.raises(ValueError, match="margin_advantage: balanced"):
+        LOPDConfig(margin_advantage="balanced", loss_normalization="reference")

