@@ -2,32 +2,33 @@
 must raise the held-out reward of toolworld-rules (configs/study-rules.yaml), where a teacher provably knows what
 transfers (each environment's hidden house code).
 
-The warm start (the sft stage of configs/study-rules.yaml at difficulty 1, ~4 minutes with both cores) is built once
+The warm start (the sft stage of configs/study-rules.yaml at difficulty 1, ~6 minutes with both cores) is built once
 per machine and code version into the cache directory (`$LOPD_CACHE/warm-starts/`, rebuilt when missing). The test
 proper is the study's pipeline from that warm start at difficulty 1: one seed, 640 generations per arm, every arm of
 `ARMS`, each scored greedily on the 40 held-out difficulty-1 tasks; the study's report gives each arm's paired
 per-task difference to the warm start with its 95% t interval, whose lower end must be above 0.
 
-MEASURED (2 cores, warm start 22.5 held-out reward; Δ reward x 100 [95% interval]; the seed is the training seed):
+MEASURED on the digit codes with privileged copies (configs/study-rules.yaml since 2026-12-06; 2 cores, seed 0 as
+CI runs it, warm start 22.5 held-out reward; Δ reward x 100 [95% interval]; 12.6 min with the warm start):
 
-    seed 0 (as CI runs it)      grpo +30.0 [+15.6, +44.4]    lopd +26.3 [+11.8, +40.7]
-    seed 1 (threads=1)          grpo +30.0 [+15.6, +44.4]    lopd +26.3 [+11.8, +40.7]
-    seed 2 (threads=1)          grpo +30.0 [+15.6, +44.4]    lopd +26.3 [+11.8, +40.7]
-    (the seeds' training curves differ; every seed learns the codes of the four environments whose code the warm
-    start got wrong, calendar, shop, smarthome and todo, 0-20 -> 60-80 reward, and greedy decoding then gives the
-    same outcome on every held-out task)
-    sign flips, seed 0 (each on a scratch branch):
-      GRPO's policy gradient (pg = +min(rho A, ...))          grpo -22.5 [-35.6, -9.4]   fails
-      distillation pushes away (DistillObjective: -KL)        lopd -20.0 [-33.0, -7.0]   fails
-      LOPD's margin term (L = ... + beta (Delta - m))         lopd +26.3 [+11.8, +40.7]  passes: not caught here
+    grpo +35.0 [+18.5, +51.5]    opsd +37.5 [+22.3, +52.7]    lopd +37.5 [+22.3, +52.7]
+    sign flips, seed 0 (each on a scratch copy, the warm start reused, threads=1):
+      GRPO's policy gradient (pg = +min(rho A, ...))      grpo -22.5 [-35.6, -9.4]                            fails
+      distillation pushes away (DistillObjective: -KL)    opsd -20.0 [-32.1, -7.9], lopd -20.0 [-32.1, -7.9]  fail
+      LOPD's margin term (L = ... + beta (Delta - m))     not caught here (below)
+
+The previous round (word codes, no privileged copies; warm start 22.5) measured grpo +30.0 [+15.6, +44.4] and lopd
++26.3 [+11.8, +40.7] at seeds 0, 1 and 2 alike (each seed learnt the codes of the four environments whose code the
+warm start got wrong, and greedy decoding then gave the same outcome on every held-out task); its flips: GRPO's
+-22.5 [-35.6, -9.4] and the distillation's -20.0 [-33.0, -7.0] failed, the margin's +26.3 passed.
 
 The margin flip goes unseen because the constraint barely binds on this testbed: the teacher, whose reader the cold
-start fitted, stays ahead of its student by more than m = 0.05 on most steps, so beta stays at 0-0.033 and the flipped
-term moves the run by less than 1e-4 (anchor 0.18424 vs 0.18423). Eq. 13's sign is guarded by
+start fitted, stays ahead of its student by more than m = 0.05 on most steps, so beta stays small and the flipped
+term moves the run by little (word codes: anchor 0.18424 vs 0.18423). Eq. 13's sign is guarded by
 tests/core/test_losses.py::test_dual_step_and_lagrangian_hand_checked, which fails with the same flip.
 
-Making the margin bind does not change that (seed 0, warm start 32.5 built with threads=1, held out, LOPD arm only,
-each setting with the term as written and flipped):
+Making the margin bind does not change that (word codes, seed 0, warm start 32.5 built with threads=1, held out,
+LOPD arm only, each setting with the term as written and flipped):
 
     m = 0.5                                          beta -> 8.6     +25.0 and +25.0 (margin 0.087 vs 0.088 at step 19)
     m = 0.5, composer_lr 3e-3                        beta -> 4       identical to three decimals through step 18
@@ -35,7 +36,8 @@ each setting with the term as written and flipped):
     the same with anchor weight 0                    Delta -> 1.17   -7.5 [-25.6, +10.6] vs flipped +22.5 [+4.6, +40.4]
 
 (Without the anchor the margin as written fails and the flip passes: eq. 12's verdict margin is met by a teacher that
-rejects the student's tokens everywhere, rule-token delta -3.0 on successes, since most rollouts fail; docs/study.md.)
+rejects the student's tokens everywhere, rule-token delta -3.0 on successes, since most rollouts fail; docs/study.md.
+`margin_advantage: balanced`, docs/methods.md, is the order-consistent alternative, not yet run here.)
 
 The flipped term does move the composer (anchor 296 vs 159 after the first update, and the teacher's rule-token delta on
 successes -1.32 vs +0.21 there), but the anchor pulls the latents back within a few steps, and the teacher's
