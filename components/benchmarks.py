@@ -192,17 +192,18 @@ def text_teacher_policy(
     from lopd_core import skills
     from lopd_core.conversation import Message
     from lopd_core.evaluation.teacher import TextTeacherRollout
-    from lopd_core.methods import METHODS, build_method
+    from lopd_core.method_rules import METHOD_RULES
+    from lopd_core.methods import build_method
     from lopd_core.sft import reference_traces
 
     models = loaded.lopd
     method = loaded.description.get("method")
-    if models is None or method not in METHODS or not METHODS[method].acting_teacher:
-        acting = "/".join(name for name, rules in METHODS.items() if rules.acting_teacher)
+    if models is None or method not in METHOD_RULES or not METHOD_RULES[method].acting_teacher:
+        acting = "/".join(name for name, rules in METHOD_RULES.items() if rules.acting_teacher)
         raise ValueError(f"teacher_eval acts with a text teacher: it needs the checkpoint of a {acting} run, got "
                          f"{method or 'a model without a method'}")  # fmt: skip
     notes: dict[str, str] = {}
-    if METHODS[method].reads_notes:
+    if METHOD_RULES[method].reads_notes:
         if spec.dataset is None:
             raise ValueError("teacher_eval of a skill_sd run needs `dataset` (the collect stage's trajectories)")
         notes = skills.skill_notes(read_trajectories(resolve(spec.dataset, store, "dataset")[0]))

@@ -37,6 +37,7 @@ from components.common import (
 from lopd_core import skills
 from lopd_core.artifacts import ArtifactRef
 from lopd_core.config import LOPDConfig, RolloutConfig, ScheduleConfig
+from lopd_core.method_rules import METHOD_RULES
 
 logger = logging.getLogger(__name__)
 RANK_SEED_STRIDE = 1_000_000_007  # rollout seeds of rank r are offset by r * this
@@ -66,9 +67,7 @@ class TrainSpec(StageSpec):
 
     @model_validator(mode="after")
     def _needs(self) -> TrainSpec:
-        from lopd_core.methods import METHODS  # the method's rules (torch and transformers: imported when used)
-
-        name, method = self.lopd.method, METHODS[self.lopd.method]
+        name, method = self.lopd.method, METHOD_RULES[self.lopd.method]
         if method.reads_bank and (self.bank_snapshot is None or self.composer is None):
             raise ValueError(f"method {name!r} needs bank_snapshot (bank stage) and composer (cold-start stage)")
         method.check_group(name, self.schedule.samples_per_task)
@@ -103,9 +102,7 @@ def _tasks(spec: TrainSpec, suite) -> list:  # type: ignore[no-untyped-def]
 def _check_bank_size(count: int, cfg: LOPDConfig, snapshot: ArtifactRef) -> None:
     """LOPD's teacher reads the bank's successes: one too small to fill a retrieval's J slots is an error
     unless `lopd.min_bank_size` allows it (0: any bank, even an empty one)."""
-    from lopd_core.methods import METHODS
-
-    if not METHODS[cfg.method].reads_bank:
+    if not METHOD_RULES[cfg.method].reads_bank:
         return
     minimum = cfg.n_retrieved if cfg.min_bank_size is None else cfg.min_bank_size
     if count < minimum:
@@ -186,7 +183,6 @@ def _set_up(spec: TrainSpec) -> _Setup:
     """The method config, tasks, the text teachers' solutions and notes, the checkpoint to resume, the models (with
     the cold-start composer for LOPD)."""
     from lopd_core.checkpoint import load_model_tensors
-    from lopd_core.methods import METHODS
     from lopd_core.models import build_models
     from lopd_core.sft import reference_traces
 
@@ -197,7 +193,7 @@ def _set_up(spec: TrainSpec) -> _Setup:
     dataset = read_trajectories(store.get(spec.dataset))
     solved = {t.task_id for t in dataset if t.reward >= 1.0 and not t.failed and t.trace}
     # the text teachers' solutions where the model never solved a task: its reference solution, replayed (a trace)
-    unsolved = [t for t in tasks if t.task_id not in solved] if "solutions" in METHODS[cfg.method].needs else []
+    unsolved = [t for t in tasks if t.task_id not in solved] if "solutions" in METHOD_RULES[cfg.method].needs else []
     solutions = skills.solutions(dataset, reference_traces(suite, unsolved))
     notes = skills.skill_notes(dataset)
 

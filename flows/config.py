@@ -32,6 +32,7 @@ from lopd_core.config import (
     load_model,
     set_dotted,
 )
+from lopd_core.method_rules import METHOD_RULES
 
 Method = MethodName
 RemoteStage = Literal["sft", "collect", "cold_start", "train", "evaluate"]
@@ -316,11 +317,9 @@ class PipelineConfig(Model):
         unknown_arms = set(self.overrides) - {*get_args(Method), *self.variants}
         if unknown_arms:
             raise ValueError(f"overrides name arms that are neither methods nor variants: {sorted(unknown_arms)}")
-        from lopd_core.methods import METHODS  # the methods' rules (torch and transformers: imported when used)
-
         for arm, method in self.arms():
             _, train = self.arm_config(arm)  # validates every override
-            rules = METHODS[method]
+            rules = METHOD_RULES[method]
             if train.schedule.samples_per_task < rules.min_group:
                 raise ValueError(
                     f"arm {arm!r} ({method}) needs train.schedule.samples_per_task >= {rules.min_group}: "

@@ -35,7 +35,7 @@ from flows.report import ORACLE_LABEL, ReportSpec, section, study_tables
 from flows.specs import bank_spec, cold_start_spec, collect_spec, common_fields, evaluate_spec, sft_spec, train_spec
 from flows.stages import StageContext, retry_transient, stage_key, stage_task
 from lopd_core.artifacts import ArtifactRef
-from lopd_core.methods import METHODS
+from lopd_core.method_rules import METHOD_RULES
 
 PIPELINE_FILE = "pipeline.yaml"  # the config of the last pipeline run in a run_dir (read by re-training)
 TRAINED_FILE = "trained.json"  # the bank version the current models were trained on (read by bank-watch)
@@ -208,7 +208,7 @@ def lopd_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
         arms = dict(cfg.arms())
         seeds, members = cfg.seeds, [(a, s) for a in arms for s in cfg.seeds]
         composers: dict[int, ArtifactRef] = {}
-        if any(METHODS[m].reads_bank for m in arms.values()):  # a composer per seed, cold-started on the bank
+        if any(METHOD_RULES[m].reads_bank for m in arms.values()):  # a composer per seed, cold-started on the bank
             colds = run(
                 [
                     ("cold_start", f"cold-start seed {s}", cold_start_spec(cfg, common, s, dataset, snapshot, warm))

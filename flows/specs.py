@@ -16,7 +16,8 @@ from components.train import TrainSpec
 from flows.config import PipelineConfig
 from flows.report import ARM_TAG, LABEL_TAG, TRAIN_RUN_TAG
 from lopd_core.artifacts import ArtifactRef
-from lopd_core.methods import METHODS, teacher_sync
+from lopd_core.method_rules import METHOD_RULES
+from lopd_core.methods import teacher_sync
 
 
 def common_fields(cfg: PipelineConfig, parent_run_id: str, tags: dict[str, str]) -> dict[str, Any]:
@@ -110,7 +111,7 @@ def train_spec(
 ) -> TrainSpec:
     """Only LOPD reads the bank and the composer: a baseline's training does not depend on them."""
     method_cfg, t = cfg.arm_config(arm)
-    lopd = METHODS[method_cfg.method].reads_bank
+    lopd = METHOD_RULES[method_cfg.method].reads_bank
     return TrainSpec(
         **{**common, "tags": {**common["tags"], ARM_TAG: arm}},
         backbone=cfg.backbone,
@@ -145,7 +146,7 @@ def evaluate_spec(
 ) -> EvaluateSpec:
     ev = cfg.evaluate
     checkpoint = train.artifacts["checkpoint"].to_dict() if train else None
-    rules = METHODS.get(method)  # None for the warm start ("base") and the oracle
+    rules = METHOD_RULES.get(method)  # None for the warm start ("base") and the oracle
     latent = (ev.latent_eval or ev.teacher_eval) and rules is not None and rules.reads_bank and bank is not None
     # a text teacher that acts with its context: a frozen one (an EMA teacher's weights are not in the checkpoint)
     text_teacher = ev.teacher_eval and rules is not None and rules.acting_teacher and \

@@ -45,7 +45,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-MethodName = Literal["lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo"]  # registry: lopd_core.methods.METHODS
+MethodName = Literal[
+    "lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo"
+]  # registry: lopd_core.methods.METHODS, rules: lopd_core.method_rules
 
 
 def load_model(

@@ -41,6 +41,7 @@ from lopd_core.losses import (
     opd_sign,
     reward_aligned_weights,
 )
+from lopd_core.method_rules import METHOD_RULES, MethodRules
 from lopd_core.models import latent_teacher_adapter
 from lopd_core.serialization import TeacherContext
 
@@ -132,7 +133,6 @@ class TextContext(ContextStrategy):
 
     requires_context = True
     default_sync = "ema"  # the teacher's weights unless `baseline.teacher_sync` says: "frozen" or "ema"
-    from_task_alone = True  # the context needs only the task (so the teacher can act with it), not an attempt
 
     def __init__(self, models: LOPDModels, cfg: LOPDConfig) -> None:
         sync = cfg.baseline.teacher_sync if cfg.baseline.teacher_sync != "default" else self.default_sync
@@ -225,8 +225,6 @@ class FeedbackContext(TextContext):
     attempt with no successful sibling carries no feedback: it is left out (the paper does not reprompt a
     rollout with itself).
     """
-
-    from_task_alone = False
 
     def describe(self, trajectory: Trajectory, batch: Sequence[Trajectory]) -> str | None:
         parts = []
@@ -459,36 +457,13 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float = 1
 
 @dataclass(frozen=True)
 class Method:
-    """A method = a teacher-context strategy + an objective, and the rules the rest of the platform reads from it
-    (configs, specs and the train and evaluate stages ask `METHODS[name]`, never the name itself)."""
+    """A method = a teacher-context strategy + an objective, with the rules the rest of the platform reads
+    (`lopd_core.method_rules`: configs, specs and stages ask those by name, without loading a model)."""
 
     strategy: Callable[..., ContextStrategy]  # (models, cfg, inputs) -> strategy
     context: type[ContextStrategy]  # the strategy's class: what the teacher reads
     objective: type[Objective]
-    needs: tuple[str, ...] = ()  # of: retrieve (the bank and the composer), solutions, skills (notes)
-    min_group: int = 1  # rollouts per task that a step needs (schedule.samples_per_task)
-    group_reason: str = ""  # why, for the error when the schedule has fewer
-
-    @property
-    def reads_bank(self) -> bool:
-        """Its teacher retrieves from the experience bank through the cold-started composer (LOPD)."""
-        return "retrieve" in self.needs
-
-    @property
-    def reads_notes(self) -> bool:
-        """Its teacher reads skill notes built from the collect stage's trajectories (Skill-SD)."""
-        return "skills" in self.needs
-
-    @property
-    def acting_teacher(self) -> bool:
-        """Its teacher can act as a policy with its text context (teacher_eval): a context built from the task
-        alone, not from the student's own attempt."""
-        return issubclass(self.context, TextContext) and self.context.from_task_alone
-
-    def check_group(self, name: str, samples_per_task: int, field: str = "schedule.samples_per_task") -> None:
-        """A clear error when a step's groups are smaller than the method needs."""
-        if samples_per_task < self.min_group:
-            raise ValueError(f"method {name!r} needs {field} >= {self.min_group}: {self.group_reason}")
+    rules: MethodRules
 
 
 METHODS: dict[str, Method] = {  # every method, once (its name is config.MethodName)
@@ -496,33 +471,22 @@ METHODS: dict[str, Method] = {  # every method, once (its name is config.MethodN
         lambda m, c, i: LatentContext(m.composer, i["retrieve"], c, i["source_env"]),
         LatentContext,
         LOPDObjective,
-        ("retrieve",),
+        METHOD_RULES["lopd"],
     ),
     "opsd": Method(
-        lambda m, c, i: SolutionContext(m, c, i["solutions"]), SolutionContext, DistillObjective, ("solutions",)
+        lambda m, c, i: SolutionContext(m, c, i["solutions"]), SolutionContext, DistillObjective, METHOD_RULES["opsd"]
     ),
     "sdft": Method(
         lambda m, c, i: DemonstrationContext(m, c, i["solutions"]),
         DemonstrationContext,
         DistillObjective,
-        ("solutions",),
+        METHOD_RULES["sdft"],
     ),
-    "sdpo": Method(
-        lambda m, c, i: FeedbackContext(m, c),
-        FeedbackContext,
-        DistillObjective,
-        min_group=2,
-        group_reason="its teacher reads a successful sibling attempt of the same task from the group (with 1 it "
-        "would see feedback only)",
+    "sdpo": Method(lambda m, c, i: FeedbackContext(m, c), FeedbackContext, DistillObjective, METHOD_RULES["sdpo"]),
+    "skill_sd": Method(
+        lambda m, c, i: SkillContext(m, c, i["skills"]), SkillContext, DistillObjective, METHOD_RULES["skill_sd"]
     ),
-    "skill_sd": Method(lambda m, c, i: SkillContext(m, c, i["skills"]), SkillContext, DistillObjective, ("skills",)),
-    "grpo": Method(
-        lambda m, c, i: NoContext(),
-        NoContext,
-        GRPOObjective,
-        min_group=2,
-        group_reason="the group size G: GRPO normalises each advantage within its task's G rollouts",
-    ),
+    "grpo": Method(lambda m, c, i: NoContext(), NoContext, GRPOObjective, METHOD_RULES["grpo"]),
 }
 
 
@@ -549,7 +513,7 @@ def build_method(
         raise ValueError(f"unknown method {cfg.method!r} (known: {', '.join(METHODS)})")
     method = METHODS[cfg.method]
     inputs = {"retrieve": retrieve, "solutions": solutions, "skills": skills, "source_env": source_env}
-    for name in method.needs:
+    for name in method.rules.needs:
         if inputs[name] is None:
             raise ValueError(f"method {cfg.method!r} needs `{name}`")
     return method.strategy(models, cfg, inputs), method.objective(cfg)

@@ -178,17 +178,20 @@ def test_every_method_name_has_one_registry_entry():
     from typing import get_args
 
     from lopd_core.config import MethodName
+    from lopd_core.method_rules import METHOD_RULES
     from lopd_core.methods import METHODS
 
-    assert list(METHODS) == list(get_args(MethodName))
+    assert list(METHODS) == list(get_args(MethodName)) == list(METHOD_RULES)
+    assert all(METHODS[name].rules is METHOD_RULES[name] for name in METHODS)
     with pytest.raises(ValueError, match="needs `skills`"):
         build_method(None, LOPDConfig(method="skill_sd"))  # type: ignore[arg-type]
 
 
 def test_the_registry_carries_each_methods_rules():
-    from lopd_core.methods import METHODS
+    from lopd_core.method_rules import METHOD_RULES
+    from lopd_core.methods import METHODS, TextContext
 
-    rules = {name: (m.reads_bank, m.reads_notes, m.acting_teacher, m.min_group) for name, m in METHODS.items()}
+    rules = {name: (m.reads_bank, m.reads_notes, m.acting_teacher, m.min_group) for name, m in METHOD_RULES.items()}
     assert rules == {
         "lopd": (True, False, False, 1),  # the bank through the composer; its teacher acts through latent_eval
         "opsd": (False, False, True, 1),
@@ -197,6 +200,8 @@ def test_the_registry_carries_each_methods_rules():
         "skill_sd": (False, True, True, 1),
         "grpo": (False, False, False, 2),
     }
-    METHODS["sdpo"].check_group("sdpo", 2)
+    for name, m in METHODS.items():  # an acting teacher reads a text context built from the task
+        assert not m.rules.acting_teacher or issubclass(m.context, TextContext), name
+    METHOD_RULES["sdpo"].check_group("sdpo", 2)
     with pytest.raises(ValueError, match=r"'grpo' needs schedule\.samples_per_task >= 2: the group size G"):
-        METHODS["grpo"].check_group("grpo", 1)
+        METHOD_RULES["grpo"].check_group("grpo", 1)
