@@ -163,6 +163,10 @@ def study(
     ablation: Annotated[
         bool, typer.Option(help="Add the fig. 3 arms: LOPD with m = 0, 0.01, 0.1 and with a frozen composer.")
     ] = False,
+    family: Annotated[
+        bool,
+        typer.Option(help="Add the OPD family's arms: OPSD with forward KL, JSD, vOPD, sign; LOPD balanced, RA-OPD."),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run's summary as JSON.")] = False,
 ) -> None:
     """Run a study: vanilla (the warm start) and every method x seed at one equal generation budget.
@@ -184,11 +188,15 @@ def study(
     _prefect_defaults()
 
     from flows.console import logs_above_bars
-    from flows.study import lopd_study
+    from flows.study import lopd_study, with_arms
 
+    try:
+        with_arms(cfg, ablation, family)
+    except ValueError as exc:
+        _fail(f"{config}: {exc}")
     t0 = time.monotonic()
     with logs_above_bars(), _explained(t0):
-        summary = lopd_study(config=cfg, ablation=ablation)
+        summary = lopd_study(config=cfg, ablation=ablation, family=family)
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
         return

@@ -2,6 +2,7 @@
 
     lopd study configs/study-cpu.yaml                 # the grid; an interrupted study resumes (stage cache)
     lopd study configs/study-cpu.yaml --ablation      # plus fig. 3: m in {0, 0.01, 0.1} and a frozen composer
+    lopd study configs/study-cpu.yaml --family        # plus the OPD family's options as arms (docs/methods.md)
 
 The study is the pipeline (flows/pipeline.py) on a config with a warm start (`sft`), a `budget` and seeds; its
 report gains what a comparison of methods needs (`study_section`):
@@ -39,10 +40,30 @@ def fig3_variants(margins: tuple[float, ...] = (0.0, 0.01, 0.1)) -> dict[str, Va
     return out
 
 
-def with_ablation(cfg: PipelineConfig) -> PipelineConfig:
-    if "lopd" not in cfg.methods:
-        raise ValueError("the fig. 3 ablation varies LOPD: add lopd to methods")
-    return cfg.model_copy(update={"variants": {**cfg.variants, **fig3_variants()}})
+def family_variants() -> dict[str, Variant]:
+    """The OPD family's options (docs/methods.md) as arms: four ways to distil on OPSD's teacher (it reads the
+    verified solution, a context known to carry the house rule on the positive control), and LOPD with the
+    order-consistent margin and with reward-aligned filtering."""
+    return {
+        "opsd forward-kl": Variant(method="opsd", overrides={"lopd.opd.divergence": "forward_kl"}),
+        "opsd jsd": Variant(method="opsd", overrides={"lopd.opd.divergence": "jsd"}),
+        "opsd vopd": Variant(method="opsd", overrides={"lopd.opd.distill_form": "vopd"}),
+        "opsd sign": Variant(method="opsd", overrides={"lopd.opd.distill_form": "sign"}),
+        "lopd balanced": Variant(method="lopd", overrides={"lopd.margin_advantage": "balanced"}),
+        "lopd ra-opd": Variant(method="lopd", overrides={"lopd.opd.reward_aligned": True}),
+    }
+
+
+def with_arms(cfg: PipelineConfig, ablation: bool = False, family: bool = False) -> PipelineConfig:
+    """The config with fig. 3's LOPD arms (`ablation`) and the OPD family's arms (`family`) added to its variants."""
+    extra: dict[str, Variant] = {}
+    for wanted, arms in ((ablation, fig3_variants), (family, family_variants)):
+        if wanted:
+            extra |= arms()
+    missing = sorted({v.method for v in extra.values()} - set(cfg.methods))
+    if missing:
+        raise ValueError(f"these arms vary {', '.join(missing)}: add it to methods (e.g. -s methods=[grpo,opsd,lopd])")
+    return cfg.model_copy(update={"variants": {**cfg.variants, **extra}})
 
 
 # ------------------------------------------------------------------------------------------------ the report
@@ -287,16 +308,18 @@ def plot_bands(bands: dict[str, Band], out: Path, title: str) -> Path:
 
 
 @flow(name="lopd-study", log_prints=True)
-def lopd_study(config: PipelineConfig, ablation: bool = False) -> dict[str, Any]:
+def lopd_study(config: PipelineConfig, ablation: bool = False, family: bool = False) -> dict[str, Any]:
     """The study: the pipeline over every arm x seed at the config's equal budget, from its warm start; with
-    `ablation`, fig. 3's LOPD variants (margins 0, 0.01, 0.1 and a frozen composer) join the grid.
+    `ablation`, fig. 3's LOPD variants (margins 0, 0.01, 0.1 and a frozen composer) join the grid; with `family`,
+    the OPD family's options (forward KL, JSD, vOPD and sign on OPSD; the balanced margin and RA-OPD on LOPD).
 
     Args:
         config: The pipeline config of the study (it needs a budget).
         ablation: Add fig. 3's LOPD variants: margins 0, 0.01, 0.1 and a frozen composer.
+        family: Add the OPD family's arms (docs/methods.md).
     """
     from flows.pipeline import lopd_pipeline
 
     if config.budget is None:
         raise ValueError("a study compares methods at an equal generation budget: set budget (e.g. 1600)")
-    return lopd_pipeline(with_ablation(config) if ablation else config)
+    return lopd_pipeline(with_arms(config, ablation, family))

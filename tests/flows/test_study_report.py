@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from flows.study import _efficiency_markdown, sample_efficiency
 from lopd_core.evaluation.study import Band
 
@@ -26,3 +28,24 @@ def test_a_reference_that_did_not_improve_is_reported_as_such():
     eff = sample_efficiency(bands, "grpo")
     assert eff["reference_improved"] is False
     assert "training reward did not rise" in _efficiency_markdown(eff, "grpo")
+
+
+def test_the_study_arms_flags_add_variants_that_the_config_accepts():
+    from flows.config import load_config
+    from flows.study import with_arms
+
+    cfg = load_config("configs/study-rules.yaml", ["methods=[grpo,opsd,lopd]"])
+    both = with_arms(cfg, ablation=True, family=True)
+    assert {"opsd forward-kl", "opsd vopd", "lopd balanced", "lopd ra-opd", "lopd m=0", "lopd frozen composer"} <= set(
+        both.variants
+    )
+    # each arm's overrides resolve to a valid LOPD config (a typo in a dotted key fails here)
+    family = both.arm_config("opsd forward-kl")[0], both.arm_config("lopd balanced")[0]
+    assert family[0].method == "opsd" and family[0].opd.divergence == "forward_kl"
+    assert family[1].method == "lopd" and family[1].margin_advantage == "balanced"
+    for name in both.variants:
+        both.arm_config(name)
+    assert with_arms(cfg).variants == cfg.variants
+    only_grpo = load_config("configs/study-rules.yaml", ["methods=[grpo]"])
+    with pytest.raises(ValueError, match="opsd"):
+        with_arms(only_grpo, family=True)
