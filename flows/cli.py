@@ -165,7 +165,10 @@ def study(
     ] = False,
     family: Annotated[
         bool,
-        typer.Option(help="Add the OPD family's arms: OPSD with forward KL, JSD, vOPD, sign; LOPD balanced, RA-OPD."),
+        typer.Option(
+            help="Add the OPD family's arms: OPSD with forward KL, JSD, vOPD, sign; LOPD balanced, RA-OPD; the "
+            "hybrids DiffGate (OPSD's and LOPD's teacher) and SCOPE."
+        ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run's summary as JSON.")] = False,
 ) -> None:

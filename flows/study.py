@@ -54,16 +54,29 @@ def family_variants() -> dict[str, Variant]:
     }
 
 
+HYBRIDS = {"hybrid diffgate": "diffgate", "hybrid diffgate-latent": "diffgate_latent", "hybrid scope": "scope"}
+
+
+def hybrid_arms(cfg: PipelineConfig) -> dict[str, Variant]:
+    """The hybrids (RL + a teacher's guidance on failures) as arms, on GRPO's group schedule: the config's
+    `train.schedule.*` overrides of grpo (they need several rollouts per task, as GRPO does)."""
+    group = {k: v for k, v in cfg.overrides.get("grpo", {}).items() if k.startswith("train.schedule.")}
+    return {arm: Variant(method=method, overrides=dict(group)) for arm, method in HYBRIDS.items()}
+
+
 def with_arms(cfg: PipelineConfig, ablation: bool = False, family: bool = False) -> PipelineConfig:
-    """The config with fig. 3's LOPD arms (`ablation`) and the OPD family's arms (`family`) added to its variants."""
-    extra: dict[str, Variant] = {}
+    """The config with fig. 3's LOPD arms (`ablation`) and the OPD family's arms (`family`: its options on OPSD
+    and LOPD, and the hybrids) added to its variants. An option's arm is read beside its method's own arm, so
+    that method must be in `methods`."""
+    options: dict[str, Variant] = {}
     for wanted, arms in ((ablation, fig3_variants), (family, family_variants)):
         if wanted:
-            extra |= arms()
-    missing = sorted({v.method for v in extra.values()} - set(cfg.methods))
+            options |= arms()
+    missing = sorted({v.method for v in options.values()} - set(cfg.methods))
     if missing:
         raise ValueError(f"these arms vary {', '.join(missing)}: add it to methods (e.g. -s methods=[grpo,opsd,lopd])")
-    return cfg.model_copy(update={"variants": {**cfg.variants, **extra}})
+    hybrids = hybrid_arms(cfg) if family else {}
+    return cfg.model_copy(update={"variants": {**cfg.variants, **options, **hybrids}})
 
 
 # ------------------------------------------------------------------------------------------------ the report
@@ -311,7 +324,8 @@ def plot_bands(bands: dict[str, Band], out: Path, title: str) -> Path:
 def lopd_study(config: PipelineConfig, ablation: bool = False, family: bool = False) -> dict[str, Any]:
     """The study: the pipeline over every arm x seed at the config's equal budget, from its warm start; with
     `ablation`, fig. 3's LOPD variants (margins 0, 0.01, 0.1 and a frozen composer) join the grid; with `family`,
-    the OPD family's options (forward KL, JSD, vOPD and sign on OPSD; the balanced margin and RA-OPD on LOPD).
+    the OPD family's options (forward KL, JSD, vOPD and sign on OPSD; the balanced margin and RA-OPD on LOPD) and
+    the hybrids (DiffGate with OPSD's and with LOPD's teacher, SCOPE).
 
     Args:
         config: The pipeline config of the study (it needs a budget).

@@ -46,7 +46,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 MethodName = Literal[
-    "lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo"
+    "lopd", "opsd", "sdft", "sdpo", "skill_sd", "grpo", "diffgate", "diffgate_latent", "scope"
 ]  # registry: lopd_core.methods.METHODS, rules: lopd_core.method_rules
 
 
@@ -186,6 +186,19 @@ class OPDOptions(StrictModel):
     misaligned_weight: float = Field(
         0.0, ge=0, le=1, description="reward_aligned: the weight of a misaligned record (0 = RA-OPD's drop)."
     )
+    guidance_coef: float = Field(
+        1.0,
+        ge=0,
+        description="The hybrids (diffgate, diffgate_latent, scope): gamma, the weight of the teacher's divergence "
+        "on failed rollouts beside the RL term (GRPO's policy gradient; SCOPE: the weighted likelihood of "
+        "successes). Ours: the abstracts do not state it.",
+    )
+    guidance_bound: float = Field(
+        1.0,
+        ge=0,
+        description="diffgate, diffgate_latent: each token's divergence d enters as b * tanh(d / b) with b this "
+        "bound (nats; DiffGate's smooth bound, the form is ours); 0 = unbounded.",
+    )
 
     @model_validator(mode="after")
     def _vopd_needs_the_reverse_kl(self) -> OPDOptions:
@@ -319,7 +332,9 @@ class LOPDConfig(StrictModel):
     """The method and its hyperparameters (LOPD's, and the baselines' in `baseline`), with the paper's defaults."""
 
     method: MethodName = Field(
-        "lopd", description="lopd, or a baseline: opsd, sdft, sdpo, skill_sd, grpo (lopd_core.methods)."
+        "lopd",
+        description="lopd, or a baseline: opsd, sdft, sdpo, skill_sd, grpo, or a hybrid: diffgate, diffgate_latent, "
+        "scope (lopd_core.methods).",
     )
     # ---- composer (§3.2, app. A.1)
     n_retrieved: int = Field(3, ge=1, description="J: experiences retrieved from the bank per task (§3.2).")

@@ -225,6 +225,46 @@ def reward_aligned_weights(
     return torch.where(misaligned, torch.full_like(ones, misaligned_weight), ones)
 
 
+def record_means(values: torch.Tensor, rows: torch.Tensor, n_records: int) -> torch.Tensor:
+    """The mean of `values` [N] over each record's tokens, per record [n_records] (0 for a record without tokens)."""
+    sums = values.new_zeros(n_records).index_add(0, rows, values)
+    counts = values.new_zeros(n_records).index_add(0, rows, torch.ones_like(values))
+    return sums / counts.clamp_min(1.0)
+
+
+def smooth_bound(values: torch.Tensor, bound: float) -> torch.Tensor:
+    """DiffGate's bounded guidance (seed 004; the form is ours): b * tanh(d / b), near d for |d| << b and never
+    past b, so a token where teacher and student disagree wildly cannot dominate; its gradient is sech^2(d / b)
+    times d's. `bound` = 0: d unchanged."""
+    if bound < 0:
+        raise ValueError(f"bound must be >= 0, got {bound}")
+    return values if bound == 0 else bound * torch.tanh(values / bound)
+
+
+def group_failure_rate(advantages: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """Per record [B]: the share of failures (A < 0) among the rollouts of its group (its task): DiffGate's scale
+    of teacher guidance by the group's difficulty."""
+    failed = (advantages < 0).to(advantages.dtype)
+    out = torch.zeros_like(failed)
+    for g in groups.unique():
+        idx = groups == g
+        out[idx] = failed[idx].mean()
+    return out
+
+
+def group_normalised(scores: torch.Tensor, groups: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
+    """SCOPE's group-level normalisation (seed 004; the form is ours): per record [B], its score divided by the
+    mean score of its group's `members` (bool [B]), so each group's members average weight 1 whatever the task's
+    difficulty; 0 for non-members. `scores` must be > 0 (detached: a weight, not a path for the gradient)."""
+    scores = scores.detach()
+    out = torch.zeros_like(scores)
+    for g in groups.unique():
+        idx = (groups == g) & members
+        if idx.any():
+            out[idx] = scores[idx] / scores[idx].mean()
+    return out
+
+
 def anchor_penalty(latents: torch.Tensor, cold_start_latents: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
     """Anchor (eq. 13): ||c_phi - sg(c_phi0)||^2 per task, averaged over the batch.
 

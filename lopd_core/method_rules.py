@@ -44,4 +44,23 @@ METHOD_RULES: dict[str, MethodRules] = {  # every method, once (its name is conf
     "grpo": MethodRules(
         min_group=2, group_reason="the group size G: GRPO normalises each advantage within its task's G rollouts"
     ),
+    # the hybrids (seed 004): an RL term plus a teacher's guidance on failed rollouts, with any context as teacher
+    "diffgate": MethodRules(  # GRPO + OPSD's teacher (the verified solution) on failures
+        needs=("solutions",),
+        min_group=2,
+        group_reason="the group size G: its GRPO term normalises advantages within a task's G rollouts, and its "
+        "guidance scales with the group's failure rate",
+        acting_teacher=True,
+    ),
+    "diffgate_latent": MethodRules(  # GRPO + LOPD's latent teacher (the cold-started composer, frozen) on failures
+        needs=("retrieve",),
+        min_group=2,
+        group_reason="the group size G: its GRPO term normalises advantages within a task's G rollouts",
+    ),
+    "scope": MethodRules(  # SCOPE's dual path with OPSD's teacher
+        needs=("solutions",),
+        min_group=2,
+        group_reason="SCOPE normalises each path's weights within a task's group of rollouts",
+        acting_teacher=True,
+    ),
 }

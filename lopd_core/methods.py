@@ -35,11 +35,15 @@ from lopd_core.losses import (
     anchor_penalty,
     balanced_margin,
     dual_step,
+    group_failure_rate,
+    group_normalised,
     lagrangian,
     misaligned_records,
     opd_policy_gradient,
     opd_sign,
+    record_means,
     reward_aligned_weights,
+    smooth_bound,
 )
 from lopd_core.method_rules import METHOD_RULES, MethodRules
 from lopd_core.models import latent_teacher_adapter
@@ -280,6 +284,7 @@ class Objective:
     with the stats summed over ranks. This base holds the shared plumbing and no loss."""
 
     needs_teacher = True
+    trains_teacher = True  # the loss may reach the teacher's trainable side (LOPD's composer); False: it stays put
     epochs = 1
     temperature = 1.0  # the loss head's softmax(logits / temperature): the models' own distributions
 
@@ -423,23 +428,103 @@ class GRPOObjective(Objective):
 
     def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
         b = self.cfg.baseline
-        adv = group_advantages(batch.rewards, batch.groups)[batch.rows]
-        old = batch.old_logp if batch.old_logp is not None else head.student_logp.detach()
-        ratio = torch.exp(head.student_logp - old)
-        pg = -torch.minimum(ratio * adv, ratio.clamp(1 - b.clip_eps, 1 + b.clip_eps) * adv)
-        clipped = ((ratio - 1).abs() > b.clip_eps).float()
-        stats = {"clip_fraction": (clipped.mean() if batch.world_size == 1 else batch.reduce(clipped, "token")).item()}
-        per_token = pg
+        per_token, stats = clipped_policy_gradient(head, batch, b.clip_eps)
         if self.needs_teacher:
             assert head.teacher_logp is not None
             log_r = head.teacher_logp.detach() - head.student_logp
             kl = torch.exp(log_r) - log_r - 1
-            per_token = pg + b.kl_coef * kl
+            per_token = per_token + b.kl_coef * kl
             stats["kl_ref"] = batch.reduce(kl.detach(), "token").item()
         norm = "record" if self.cfg.loss_normalization == "record" else "token"
         loss = batch.reduce(per_token, norm)
         stats["pg_loss"] = loss.item()
         return loss, stats
+
+
+def clipped_policy_gradient(head: HeadOutputs, batch: DistillBatch, clip_eps: float) -> tuple[torch.Tensor, Stats]:
+    """GRPO's per-token clipped surrogate -min(rho A, clip(rho, 1 - e, 1 + e) A) with group-normalised A, and the
+    share of clipped tokens."""
+    adv = group_advantages(batch.rewards, batch.groups)[batch.rows]
+    old = batch.old_logp if batch.old_logp is not None else head.student_logp.detach()
+    ratio = torch.exp(head.student_logp - old)
+    pg = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
+    clipped = ((ratio - 1).abs() > clip_eps).float()
+    return pg, {"clip_fraction": (clipped.mean() if batch.world_size == 1 else batch.reduce(clipped, "token")).item()}
+
+
+class DiffGateObjective(Objective):
+    """GRPO plus bounded teacher guidance on failed rollouts only (DiffGate, seed 004; the forms are ours):
+
+        per token: pg + gamma * 1[A_i < 0] * f_g(i) * b tanh(d_t / b)
+
+    pg is GRPO's clipped surrogate (`clipped_policy_gradient`); d_t the distillation term of `lopd.opd` (top-M
+    reverse KL by default); f_g the failure rate of record i's group (its task's difficulty); gamma, b =
+    `opd.guidance_coef`, `opd.guidance_bound`. The verifier decides which rollouts get guidance, the teacher gives
+    its direction inside them. The teacher does not train (`trains_teacher`): a latent teacher stays the
+    cold-started composer. Both terms use the policy temperature, as GRPO does.
+    """
+
+    trains_teacher = False
+
+    def __init__(self, cfg: LOPDConfig) -> None:
+        super().__init__(cfg)
+        if cfg.baseline.kl_coef > 0:
+            raise ValueError(
+                "baseline.kl_coef: a hybrid's teacher is its privileged one, not the base policy that GRPO's KL "
+                "needs; set baseline.kl_coef: 0"
+            )
+        self.epochs = cfg.baseline.ppo_epochs
+        self.temperature = cfg.baseline.policy_temperature or 1.0
+        self.distill = DistillObjective(cfg)
+
+    def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        o = self.cfg.opd
+        pg, stats = clipped_policy_gradient(head, batch, self.cfg.baseline.clip_eps)
+        adv = batch.advantages.to(pg.dtype)
+        gate = (adv < 0).to(pg.dtype) * group_failure_rate(adv, batch.groups)
+        guide = smooth_bound(self.distill._distill_tokens(head), o.guidance_bound) * gate[batch.rows]
+        norm = "record" if self.cfg.loss_normalization == "record" else "token"
+        pg_loss, guidance = batch.reduce(pg, norm), batch.reduce(guide, norm)
+        assert head.kl is not None
+        stats |= {"pg_loss": pg_loss.item(), "guidance": guidance.item(),
+                  "guided_share": float((gate > 0).float().mean()),
+                  "distill_kl": batch.reduce(head.kl.detach(), norm).item()}  # fmt: skip
+        return pg_loss + o.guidance_coef * guidance, stats
+
+
+class SCOPEObjective(Objective):
+    """SCOPE's dual path (seed 004; the weights' forms are ours): rollouts routed by their verdict.
+
+        failures (A < 0): gamma * w_T(i) * d_t   with w_T prop. to 1 / PPL_teacher(i) = exp(mean_t log pT)
+        successes (A > 0): w_S(i) * (-log pS(a_t))   with w_S prop. to PPL_student(i) = exp(-mean_t log pS)
+
+    Each path's weights are normalised within the task's group (`group_normalised`: the members average 1): the
+    teacher's guidance counts most where it is confident of the student's tokens, the likelihood where the student
+    is least sure of a success it found. d_t is the distillation term of `lopd.opd`; gamma = `opd.guidance_coef`.
+    The teacher does not train.
+    """
+
+    trains_teacher = False
+
+    def __init__(self, cfg: LOPDConfig) -> None:
+        super().__init__(cfg)
+        self.distill = DistillObjective(cfg)
+
+    def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        if head.kl is None or head.teacher_logp is None:
+            raise ValueError("SCOPEObjective needs the teacher's side of the loss head")
+        adv, n = batch.advantages, batch.n_records
+        teacher_conf = record_means(head.teacher_logp.detach(), batch.rows, n).exp()
+        student_ppl = (-record_means(head.student_logp.detach(), batch.rows, n)).exp()
+        w_fail = group_normalised(teacher_conf, batch.groups, adv < 0).to(head.kl.dtype)
+        w_success = group_normalised(student_ppl, batch.groups, adv > 0).to(head.kl.dtype)
+        guide = self.distill._distill_tokens(head) * w_fail[batch.rows]
+        likelihood = -head.student_logp * w_success[batch.rows]
+        norm = "record" if self.cfg.loss_normalization == "record" else "token"
+        guidance, mle = batch.reduce(guide, norm), batch.reduce(likelihood, norm)
+        stats = {"guidance": guidance.item(), "likelihood": mle.item(),
+                 "distill_kl": batch.reduce(head.kl.detach(), norm).item()}  # fmt: skip
+        return self.cfg.opd.guidance_coef * guidance + mle, stats
 
 
 def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -487,6 +572,22 @@ METHODS: dict[str, Method] = {  # every method, once (its name is config.MethodN
         lambda m, c, i: SkillContext(m, c, i["skills"]), SkillContext, DistillObjective, METHOD_RULES["skill_sd"]
     ),
     "grpo": Method(lambda m, c, i: NoContext(), NoContext, GRPOObjective, METHOD_RULES["grpo"]),
+    # the hybrids: an RL term and a teacher's guidance on failures; any context strategy can be the teacher
+    "diffgate": Method(
+        lambda m, c, i: SolutionContext(m, c, i["solutions"]),
+        SolutionContext,
+        DiffGateObjective,
+        METHOD_RULES["diffgate"],
+    ),
+    "diffgate_latent": Method(
+        lambda m, c, i: LatentContext(m.composer, i["retrieve"], c, i["source_env"]),
+        LatentContext,
+        DiffGateObjective,
+        METHOD_RULES["diffgate_latent"],
+    ),
+    "scope": Method(
+        lambda m, c, i: SolutionContext(m, c, i["solutions"]), SolutionContext, SCOPEObjective, METHOD_RULES["scope"]
+    ),
 }
 
 

@@ -288,7 +288,7 @@ class TrainStep:
         w_student, w_teacher = self.models.head_weights()
         teacher_inputs = TeacherInputs()
         if self.objective.needs_teacher:
-            with torch.set_grad_enabled(self.strategy.teacher_requires_grad):
+            with torch.set_grad_enabled(self._trains_composer):
                 teacher_inputs = self.strategy.inputs(trajs)
                 h_t = self.models.teacher_hidden(t_batch, teacher_inputs.latents, self.strategy.teacher_adapter)
                 h_teacher = teacher_side(h_t[rows, t_pos], rows, len(trajs), self.cfg.loss_normalization,
@@ -308,8 +308,9 @@ class TrainStep:
 
     @property
     def _trains_composer(self) -> bool:
-        """Whether the step's loss reaches the composer: the teacher is needed and back-propagates into it."""
-        return self.objective.needs_teacher and self.strategy.teacher_requires_grad
+        """Whether the step's loss reaches the composer: the teacher is needed, back-propagates into it, and the
+        objective trains it (the hybrids keep their teacher as it is)."""
+        return self.objective.needs_teacher and self.objective.trains_teacher and self.strategy.teacher_requires_grad
 
     def _idle_parameters(self) -> list[nn.Parameter]:
         """The parameters a step's loss reaches: the student's, and the composer's when the teacher needs it."""

@@ -199,6 +199,9 @@ def test_the_registry_carries_each_methods_rules():
         "sdpo": (False, False, False, 2),  # its context needs the student's own attempt and a sibling
         "skill_sd": (False, True, True, 1),
         "grpo": (False, False, False, 2),
+        "diffgate": (False, False, True, 2),  # GRPO's groups; OPSD's teacher acts with the task's solution
+        "diffgate_latent": (True, False, False, 2),  # LOPD's latent teacher (the cold-started composer)
+        "scope": (False, False, True, 2),  # its weights are normalised within a task's group
     }
     for name, m in METHODS.items():  # an acting teacher reads a text context built from the task
         assert not m.rules.acting_teacher or issubclass(m.context, TextContext), name

@@ -45,6 +45,8 @@ def test_the_study_arms_flags_add_variants_that_the_config_accepts():
     assert family[1].method == "lopd" and family[1].margin_advantage == "balanced"
     for name in both.variants:
         both.arm_config(name)
+    hybrid, train = both.arm_config("hybrid diffgate-latent")
+    assert hybrid.method == "diffgate_latent" and train.schedule.samples_per_task == 4  # GRPO's groups
     assert with_arms(cfg).variants == cfg.variants
     only_grpo = load_config("configs/study-rules.yaml", ["methods=[grpo]"])
     with pytest.raises(ValueError, match="opsd"):
