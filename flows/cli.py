@@ -215,11 +215,18 @@ def _explained(t0: float) -> Iterator[None]:
     """An error that explains itself (flows.console.clear_errors) ends the command with its message and how long
     the run tried (retries included), without a traceback."""
     from flows.console import clear_errors
+    from flows.lifecycle import Stopped, stop_on_signals
 
     try:
-        yield
+        with stop_on_signals():  # SIGTERM as Ctrl-C: the stages stop too (flows.lifecycle)
+            yield
     except clear_errors() as exc:
         _fail(f"{exc}\n(the run stopped after {time.monotonic() - t0:.0f} s, retries included: execution.retries)", 1)
+    except (KeyboardInterrupt, Stopped) as exc:
+        signal_name = str(exc) if str(exc).startswith("SIG") else "SIGINT"
+        _fail(f"stopped by {signal_name} after {time.monotonic() - t0:.0f} s: finished stages are in the stage cache "
+              "and a cut training run keeps its last checkpoint; run the same command again to resume",
+              143 if signal_name == "SIGTERM" else 130)  # fmt: skip
 
 
 def _run_deployment(name: str, config: dict[str, Any], wait: bool, as_json: bool) -> None:

@@ -35,8 +35,9 @@ def clear_errors() -> tuple[type[BaseException], ...]:
     """Errors whose message names the problem and what to do: the console shows the message, not the traceback."""
     from components.memory import BankDamagedError
     from components.tracking import TrackingError
+    from flows.lifecycle import RunDirBusy
 
-    return (TrackingError, BankDamagedError)
+    return (TrackingError, BankDamagedError, RunDirBusy)
 
 
 @contextlib.contextmanager

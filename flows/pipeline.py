@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from components.common import StageResult
 from components.tracking import Tag, Tracker, redact
 from flows.config import PipelineConfig
+from flows.lifecycle import RunDirLock
 from flows.report import ORACLE_LABEL, ReportSpec, section, study_tables
 from flows.specs import bank_spec, cold_start_spec, collect_spec, common_fields, evaluate_spec, sft_spec, train_spec
 from flows.stages import StageContext, retry_transient, stage_key, stage_task
@@ -175,95 +176,104 @@ def lopd_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
     logger = get_run_logger()
     run_dir = cfg.resolved_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / PIPELINE_FILE).write_text(cfg.resolved().to_yaml())
-    flow_run_id, flow_run_url = flow_run.id, ui_link(flow_run.ui_url)
-    retry = {"retries": cfg.execution.retries, "retry_delay_seconds": exponential_backoff(cfg.execution.retry_delay_s)}
-    pipe = open_pipeline_run.with_options(**retry)(cfg, flow_run_id, flow_run_url)
-    close = close_pipeline_run.with_options(**retry)
-    prefect_tags = {
-        k: v for k, v in {Tag.PREFECT_FLOW_RUN_ID: flow_run_id, Tag.PREFECT_FLOW_RUN_URL: flow_run_url}.items() if v
-    }
-    common = common_fields(cfg, pipe, prefect_tags)
-    ctx = stage_context(cfg)
-    outcomes: list[Outcome] = []
-
-    def run(calls: list[tuple[str, str, BaseModel]]) -> list[Outcome]:
-        done = _run(calls, ctx, cfg)
-        outcomes.extend(done)
-        return done
-
+    lock = RunDirLock(run_dir, "lopd-pipeline").acquire()  # one writer per run directory (flows.lifecycle)
     try:
-        warm = oracle = None
-        if cfg.sft is not None:
-            warm_starts = [("sft", "sft (warm start)", sft_spec(cfg, common))]
-            if cfg.oracle:  # the ceiling: a warm start on rule-following demonstrations, built beside the other
-                warm_starts.append(("sft", "sft (oracle)", sft_spec(cfg, common, oracle=True)))
-            built = run(warm_starts)
-            warm = built[0].result.artifacts["model"]
-            oracle = built[1].result.artifacts["model"] if cfg.oracle else None
-        (c,) = run([("collect", "collect", collect_spec(cfg, common, warm))])
-        dataset = c.result.artifacts["dataset"]
-        (b,) = run([("bank", "bank", bank_spec(cfg, common, dataset))])
-        snapshot = b.result.artifacts["bank_snapshot"]
-        arms = dict(cfg.arms())
-        seeds, members = cfg.seeds, [(a, s) for a in arms for s in cfg.seeds]
-        composers: dict[int, ArtifactRef] = {}
-        if any(METHOD_RULES[m].reads_bank for m in arms.values()):  # a composer per seed, cold-started on the bank
-            colds = run(
+        (run_dir / PIPELINE_FILE).write_text(cfg.resolved().to_yaml())
+        flow_run_id, flow_run_url = flow_run.id, ui_link(flow_run.ui_url)
+        retry = {
+            "retries": cfg.execution.retries,
+            "retry_delay_seconds": exponential_backoff(cfg.execution.retry_delay_s),
+        }
+        pipe = open_pipeline_run.with_options(**retry)(cfg, flow_run_id, flow_run_url)
+        close = close_pipeline_run.with_options(**retry)
+        prefect_tags = {
+            k: v for k, v in {Tag.PREFECT_FLOW_RUN_ID: flow_run_id, Tag.PREFECT_FLOW_RUN_URL: flow_run_url}.items() if v
+        }
+        common = common_fields(cfg, pipe, prefect_tags)
+        ctx = stage_context(cfg)
+        outcomes: list[Outcome] = []
+
+        def run(calls: list[tuple[str, str, BaseModel]]) -> list[Outcome]:
+            done = _run(calls, ctx, cfg)
+            outcomes.extend(done)
+            return done
+
+        try:
+            warm = oracle = None
+            if cfg.sft is not None:
+                warm_starts = [("sft", "sft (warm start)", sft_spec(cfg, common))]
+                if cfg.oracle:  # the ceiling: a warm start on rule-following demonstrations, built beside the other
+                    warm_starts.append(("sft", "sft (oracle)", sft_spec(cfg, common, oracle=True)))
+                built = run(warm_starts)
+                warm = built[0].result.artifacts["model"]
+                oracle = built[1].result.artifacts["model"] if cfg.oracle else None
+            (c,) = run([("collect", "collect", collect_spec(cfg, common, warm))])
+            dataset = c.result.artifacts["dataset"]
+            (b,) = run([("bank", "bank", bank_spec(cfg, common, dataset))])
+            snapshot = b.result.artifacts["bank_snapshot"]
+            arms = dict(cfg.arms())
+            seeds, members = cfg.seeds, [(a, s) for a in arms for s in cfg.seeds]
+            composers: dict[int, ArtifactRef] = {}
+            if any(METHOD_RULES[m].reads_bank for m in arms.values()):  # a composer per seed, cold-started on the bank
+                colds = run(
+                    [
+                        ("cold_start", f"cold-start seed {s}", cold_start_spec(cfg, common, s, dataset, snapshot, warm))
+                        for s in seeds
+                    ]
+                )
+                composers = {s: o.result.artifacts["composer"] for s, o in zip(seeds, colds, strict=True)}
+            trained = run(
                 [
-                    ("cold_start", f"cold-start seed {s}", cold_start_spec(cfg, common, s, dataset, snapshot, warm))
-                    for s in seeds
+                    (
+                        "train",
+                        f"train {a} seed {s}",
+                        train_spec(cfg, common, a, s, dataset, snapshot, composers.get(s), warm),
+                    )
+                    for a, s in members
                 ]
             )
-            composers = {s: o.result.artifacts["composer"] for s, o in zip(seeds, colds, strict=True)}
-        trained = run(
-            [
-                (
-                    "train",
-                    f"train {a} seed {s}",
-                    train_spec(cfg, common, a, s, dataset, snapshot, composers.get(s), warm),
-                )
-                for a, s in members
-            ]
+            calls = []
+            if cfg.evaluate.base:
+                name = f"{cfg.backbone} (base)" if warm is None else "vanilla (sft warm start)"
+                base = evaluate_spec(cfg, common, name, "base", None, None, None, warm)
+                calls.append(("evaluate", "evaluate base", base))
+            if oracle is not None:
+                ceiling = evaluate_spec(cfg, common, ORACLE_LABEL, "oracle", None, None, None, oracle)
+                calls.append(("evaluate", "evaluate oracle", ceiling))
+            for (a, s), t in zip(members, trained, strict=True):
+                spec = evaluate_spec(cfg, common, f"{a} seed {s}", arms[a], s, t.result, b.result, warm, a, dataset)
+                calls.append(("evaluate", f"evaluate {a} seed {s}", spec))
+            evaluated = run(calls)
+            report = ReportSpec(
+                **common,
+                suite=cfg.suite,
+                title=f"LOPD pipeline: {', '.join(cfg.methods)} x seeds {cfg.seeds}",
+                evaluate_run_ids=[o.result.mlflow_run_id for o in evaluated if o.result.mlflow_run_id],
+                evaluations=[o.result.artifacts["metrics"] for o in evaluated],
+                episodes=[o.result.artifacts["episodes"] for o in evaluated] if cfg.is_study else [],
+                train_seconds={
+                    t.result.mlflow_run_id: t.result.metrics["seconds"]
+                    for t in trained
+                    if t.result.mlflow_run_id and "seconds" in t.result.metrics
+                },
+            )
+            (r,) = run([("report", "report", report)])
+            summary = publish(cfg, pipe, r, outcomes, flow_run_id, flow_run_url)
+            record_trained(cfg, b.result, pipe, flow_run_id)
+        except BaseException:
+            try:
+                close(cfg, pipe, outcomes, "FAILED")
+            except Exception as exc:  # keep the stage's own error
+                logger.warning("could not close the MLflow pipeline run %s: %s", pipe, exc)
+            raise
+        close(cfg, pipe, outcomes, "FINISHED")
+        cached = sum(o.cached for o in outcomes)
+        logger.info(
+            "pipeline done: %d stages, %d from the cache; report at %s", len(outcomes), cached, summary["report"]
         )
-        calls = []
-        if cfg.evaluate.base:
-            name = f"{cfg.backbone} (base)" if warm is None else "vanilla (sft warm start)"
-            base = evaluate_spec(cfg, common, name, "base", None, None, None, warm)
-            calls.append(("evaluate", "evaluate base", base))
-        if oracle is not None:
-            ceiling = evaluate_spec(cfg, common, ORACLE_LABEL, "oracle", None, None, None, oracle)
-            calls.append(("evaluate", "evaluate oracle", ceiling))
-        for (a, s), t in zip(members, trained, strict=True):
-            spec = evaluate_spec(cfg, common, f"{a} seed {s}", arms[a], s, t.result, b.result, warm, a, dataset)
-            calls.append(("evaluate", f"evaluate {a} seed {s}", spec))
-        evaluated = run(calls)
-        report = ReportSpec(
-            **common,
-            suite=cfg.suite,
-            title=f"LOPD pipeline: {', '.join(cfg.methods)} x seeds {cfg.seeds}",
-            evaluate_run_ids=[o.result.mlflow_run_id for o in evaluated if o.result.mlflow_run_id],
-            evaluations=[o.result.artifacts["metrics"] for o in evaluated],
-            episodes=[o.result.artifacts["episodes"] for o in evaluated] if cfg.is_study else [],
-            train_seconds={
-                t.result.mlflow_run_id: t.result.metrics["seconds"]
-                for t in trained
-                if t.result.mlflow_run_id and "seconds" in t.result.metrics
-            },
-        )
-        (r,) = run([("report", "report", report)])
-        summary = publish(cfg, pipe, r, outcomes, flow_run_id, flow_run_url)
-        record_trained(cfg, b.result, pipe, flow_run_id)
-    except BaseException:
-        try:
-            close(cfg, pipe, outcomes, "FAILED")
-        except Exception as exc:  # keep the stage's own error
-            logger.warning("could not close the MLflow pipeline run %s: %s", pipe, exc)
-        raise
-    close(cfg, pipe, outcomes, "FINISHED")
-    cached = sum(o.cached for o in outcomes)
-    logger.info("pipeline done: %d stages, %d from the cache; report at %s", len(outcomes), cached, summary["report"])
-    return summary
+        return summary
+    finally:
+        lock.release()
 
 
 # ----------------------------------------------------------------------------------------- outputs and links

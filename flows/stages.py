@@ -14,11 +14,11 @@ stage with the same key continues where it stopped (training resumes from its la
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -40,6 +40,7 @@ from components.evaluate import EvaluateSpec, evaluate
 from components.sft import SFTSpec, run_sft
 from components.train import TrainSpec, train
 from flows.cache import StageCache, code_version, key_material, stage_key
+from flows.lifecycle import STOP, RunDirLock, as_child_stage, check_stopped, run_child
 
 StageName = Literal["sft", "collect", "bank", "cold_start", "train", "evaluate", "report"]
 
@@ -224,7 +225,9 @@ def is_transient(exc: BaseException | None) -> bool:
 
 
 def retry_transient(task_: Any, task_run: Any, state: State) -> bool:
-    """Prefect retry condition: retry only transient failures."""
+    """Prefect retry condition: retry only transient failures, and nothing once the run is stopping."""
+    if STOP.is_set():
+        return False
     exc = state.data if isinstance(state.data, BaseException) else None
     if exc is None:
         try:
@@ -331,7 +334,8 @@ def _run_subprocess(stage: str, spec: BaseModel, key: str, ctx: StageContext) ->
     with _slots(ctx.max_parallel):
         logger.info("stage %s -> child process (log %s)", stage, log_file)
         with open(log_file, "wb") as log:
-            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+            code = run_child(command, log, env)
+    check_stopped(f"stage {stage}", code)
     if code != 0 or not out_file.exists():
         tail = log_file.read_text(errors="replace")[-3000:]
         raise StageRunError(f"stage {stage} exited with code {code}; the end of {log_file}:\n{tail}", crashed=code < 0)
@@ -389,8 +393,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     if (args.cache_root is None) != (args.cache_key is None):
         ap.error("--cache-root and --cache-key go together")
+    as_child_stage()  # SIGTERM stops it at once; it dies with its parent
     spec = parse_spec(args.stage, json.loads(Path(args.spec_file).read_text()))
-    result = RUNNERS[args.stage][1](spec)
+    with contextlib.ExitStack() as held:
+        if int(os.environ.get("RANK", "0")) == 0:  # one writer per stage directory (rank 0 of a multi-pod job)
+            held.enter_context(RunDirLock(Path(args.spec_file).parent, f"stage {args.stage}"))
+        result = RUNNERS[args.stage][1](spec)
     if int(os.environ.get("RANK", "0")) != 0:  # torchrun: the other ranks only trained
         return 0
     Path(args.out_file).write_text(result.model_dump_json(indent=2))

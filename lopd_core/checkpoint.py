@@ -43,6 +43,8 @@ def model_tensors(models: LOPDModels) -> dict[str, torch.Tensor]:
     out.update({f"anchor_qformer.{n}": t.detach() for n, t in models.composer.anchor_qformer.state_dict().items()})
     if models.student is not models.backbone:
         out.update({f"student.{n}": t.detach() for n, t in _untied(models.student.state_dict()).items()})
+    if models.ema_teacher:  # full fine-tuning with an EMA teacher: the backbone's base weights moved
+        out.update({f"teacher.{n}": p.detach() for n, p, _ in models.teacher_student_pairs()})
     return {k: full_tensor(v).contiguous().cpu() for k, v in out.items()}
 
 
@@ -96,13 +98,18 @@ def load_model_tensors(models: LOPDModels, tensors: dict[str, torch.Tensor], stu
     missing = [n for n in params if "lora_" in n and f"backbone.{n}" not in tensors]
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} adapter tensors, e.g. {missing[:3]} (other method?)")
+    ema = {k.removeprefix("teacher."): v for k, v in tensors.items() if k.startswith("teacher.")}
+    if student and models.ema_teacher and not ema:
+        raise ValueError("checkpoint lacks the EMA teacher's weights (teacher.*) that this run's teacher_sync needs")
     with torch.no_grad():
         for key, value in tensors.items():
-            if key.startswith("backbone."):
-                name = key.removeprefix("backbone.")
+            if key.startswith(("backbone.", "teacher.")):
+                name = key.split(".", 1)[1]
                 if name not in params:
                     raise ValueError(f"checkpoint tensor {name} has no place in this model")
                 params[name].copy_(shard_like(value, params[name]))
+    if student and ema:  # an EMA teacher of a fully fine-tuned student: it keeps following from here
+        models.ema_teacher = True
     for prefix, module in (("qformer.", models.composer.qformer), ("anchor_qformer.", models.composer.anchor_qformer)):
         current = module.state_dict()
         given = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}

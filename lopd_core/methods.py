@@ -30,6 +30,7 @@ from lopd_core.batch import DistillBatch, TeacherInputs
 from lopd_core.composer import Composer
 from lopd_core.config import LOPDConfig
 from lopd_core.conversation import Trajectory
+from lopd_core.distributed import full_tensor, shard_like
 from lopd_core.loss_head import HeadOutputs
 from lopd_core.losses import (
     anchor_penalty,
@@ -143,9 +144,9 @@ class TextContext(ContextStrategy):
         self.models = models
         self.rate = cfg.baseline.teacher_ema_rate
         self.teacher_adapter = None
-        if sync == "ema":
-            if cfg.student_mode != "lora":
-                raise ValueError("teacher_sync='ema' needs student_mode='lora'; use teacher_sync='frozen'")
+        if sync == "ema" and cfg.student_mode == "full":  # the teacher is the backbone: its weights follow
+            models.ema_teacher = True
+        elif sync == "ema":
             if "teacher" not in {n.split(".")[-2] for n, _ in models.backbone.named_parameters() if "lora_A" in n}:
                 add_lora(models.backbone, "teacher", cfg.student_lora)
                 models.switch.refresh()
@@ -167,7 +168,13 @@ class TextContext(ContextStrategy):
 
     @torch.no_grad()
     def after_step(self) -> None:
-        """EMA teacher: teacher <- (1 - a) teacher + a student, over the LoRA factors."""
+        """EMA teacher: teacher <- (1 - a) teacher + a student, over the LoRA factors (LoRA student) or over every
+        weight of the backbone (full fine-tuning; under FSDP each weight is gathered whole, a collective on every rank,
+        and laid out as the teacher's shard)."""
+        if self.models.ema_teacher:
+            for _, teacher, student in self.models.teacher_student_pairs():
+                teacher.lerp_(shard_like(full_tensor(student.detach()).to(teacher.dtype), teacher), self.rate)
+            return
         if self.teacher_adapter is None:
             return
         params = dict(self.models.backbone.named_parameters())

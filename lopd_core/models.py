@@ -51,6 +51,7 @@ class LOPDModels:
     student_switch: AdapterSwitch  # the same object in LoRA mode
     composer: Composer
     cfg: LOPDConfig
+    ema_teacher: bool = False  # full fine-tuning with an EMA teacher: the backbone's base weights follow the student
 
     @property
     def student_adapter(self) -> str | None:
@@ -64,6 +65,15 @@ class LOPDModels:
         if self.cfg.student_mode == "lora":
             return [p for n, p in self.backbone.named_parameters() if ".student." in n and "lora_" in n]
         return [p for p in self.student.parameters() if p.requires_grad]
+
+    def teacher_student_pairs(self) -> list[tuple[str, nn.Parameter, nn.Parameter]]:
+        """Full fine-tuning: (name, the backbone's base weight, the student's weight of the same place) for every
+        base weight; the backbone is the teacher (adapters off), the student a copy of it."""
+        if self.student is self.backbone:
+            raise ValueError("teacher_student_pairs: a LoRA student shares the backbone's weights")
+        student = dict(self.student.named_parameters())
+        return [(n, p, student[n.replace(".base_layer", "")])
+                for n, p in self.backbone.named_parameters() if "lora_" not in n]  # fmt: skip
 
     def reader_parameters(self) -> list[nn.Parameter]:
         """The teacher's "reader" LoRA (`teacher_reader`, trained by the cold start only); none without it."""

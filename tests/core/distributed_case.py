@@ -58,6 +58,11 @@ def retrieve(task: str, task_id: str) -> list[str]:
     return [f"Task: list /z\nTrace: ls(/z) -> ok ({task_id} excluded)", "Task: read q\nTrace: read(q) -> ok"]
 
 
+def solution(task_id: str) -> str:
+    """A verified solution per task, for the text teachers (SDFT's)."""
+    return f"ls(/f{task_id[1:]}) -> a.txt"
+
+
 def run_case(method: str, ckpt: Path | None = None, stop_after: int | None = None, **overrides: Any) -> dict:
     """A run of SCHEDULE for `method`; returns its history and its trainable weights after the last step."""
     torch.manual_seed(0)
@@ -73,7 +78,7 @@ def run_case(method: str, ckpt: Path | None = None, stop_after: int | None = Non
         if models.student is not models.backbone:  # full fine-tuning: the student is a copy of the backbone
             for p in models.student.parameters():
                 p.add_(torch.randn(p.shape, generator=g) * 0.02)
-    strategy, objective = build_method(models, cfg, retrieve=retrieve)
+    strategy, objective = build_method(models, cfg, retrieve=retrieve, solutions=solution)
     step = TrainStep(models, ChatSerializer(tok, cfg.max_seq_len), strategy, objective, cfg)
     out = train_loop(step, TASKS, rollout, SCHEDULE, ckpt, stop_after=stop_after)
     # whole tensors (FSDP: gathered from every rank's shard), and how much of the student this rank holds
@@ -84,6 +89,8 @@ def run_case(method: str, ckpt: Path | None = None, stop_after: int | None = Non
     held = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in student)
     if models.student is not models.backbone:
         weights.update({f"student.{n}": full_tensor(p).detach().clone() for n, p in models.student.named_parameters()})
+    if models.ema_teacher:  # SDFT's EMA teacher of a fully fine-tuned student: the backbone's weights moved
+        weights.update({f"teacher.{n}": full_tensor(t).detach().clone() for n, t, _ in models.teacher_student_pairs()})
     return {"history": out["history"], "generations": out["generations"], "weights": weights,
             "student_share": held / sum(p.numel() for p in student)}  # fmt: skip
 
@@ -103,6 +110,7 @@ def main(out_dir: str, mode: str = "lora") -> None:
         "world_size": world.world_size,
         "lopd": run_case("lopd", **over),
         "grpo": run_case("grpo", **over),
+        **({"sdft": run_case("sdft", **over)} if mode == "full" else {}),  # its EMA teacher follows a sharded student
         # resume from a one-rank checkpoint written after step 2 (the test writes it before launching us)
         "lopd_resumed": run_case("lopd", ckpt=out / "from-one-rank", **over),
     }

@@ -57,6 +57,9 @@ def two_ranks_against_one(tmp_path: Path, mode: str) -> dict[str, dict[str, floa
     the student each rank held."""
     over = FULL if mode == "full" else {}
     reference = {"lopd": run_case("lopd", **over), "grpo": run_case("grpo", **over)}
+    if mode == "full":  # SDFT's EMA teacher is the backbone, following the (sharded) student after every step
+        reference["sdft"] = run_case("sdft", **over)
+        assert any(k.startswith("teacher.") for k in reference["sdft"]["weights"])
     run_case("lopd", ckpt=tmp_path / "from-one-rank", stop_after=2, **over)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -76,6 +79,8 @@ def two_ranks_against_one(tmp_path: Path, mode: str) -> dict[str, dict[str, floa
     worst["lopd"] = assert_same_run(ranks[0]["lopd"], reference["lopd"])
     grpo_atol = WEIGHT_ATOL_FULL_GRPO if mode == "full" else WEIGHT_ATOL
     worst["grpo"] = assert_same_run(ranks[0]["grpo"], reference["grpo"], grpo_atol)
+    if mode == "full":
+        worst["sdft ema"] = assert_same_run(ranks[0]["sdft"], reference["sdft"])
     # checkpoints resume at another world size: 1 -> 2 ranks here, 2 -> 1 rank below
     worst["resume 1->2"] = assert_same_run(ranks[0]["lopd_resumed"], reference["lopd"])
     assert (tmp_path / "from-two-ranks" / "last" / "rng_ranks.pt").exists()
