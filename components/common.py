@@ -12,8 +12,10 @@ import functools
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -171,7 +173,10 @@ def run_stage_cli(
     """`python -m components.<stage> [SPEC.yaml] [key=value ...] [--out FILE] [--print-spec]`: every stage's CLI.
 
     Prints the StageResult as JSON (after `show`, e.g. evaluate's report). Exit codes: 0 done; 2 a bad spec, a
-    missing spec or data file."""
+    missing spec or data file. SIGTERM stops it as Ctrl-C does: the current step is dropped, its with-blocks close
+    (bank lock, rollout engine, MLflow run), and the last checkpoint stays as it was written."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     module = fn.__module__
     if module == "__main__":  # run as `python -m components.<stage>`
         module = getattr(sys.modules["__main__"].__spec__, "name", None) or module

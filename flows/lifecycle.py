@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import logging
 import os
 import signal
 import subprocess
@@ -66,6 +67,10 @@ class RunDirLock:
                 f"{self.folder} is in use by {holder}: one writer per directory. Wait for it to finish, stop it "
                 f"(kill -TERM <pid>), or choose another run_dir"
             ) from None
+        except OSError as exc:  # a file system without locks (some network mounts): warn, do not refuse to run
+            fh.close()
+            logging.getLogger(__name__).warning("%s: cannot lock (%s); one writer is not enforced here", path, exc)
+            return self
         fh.seek(0)
         fh.truncate()
         fh.write(f"PID {os.getpid()} ({' '.join(sys.argv)[:200]}), since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")

@@ -171,8 +171,11 @@ def study_section(
     train_seconds: dict[str, float],
     out_dir: Path,
     reference: str = "grpo",
+    against: str = "lopd",
 ) -> tuple[str, dict[str, Any]]:
-    """Markdown and data of the study (see the module docstring); writes study_curves.png into `out_dir`."""
+    """Markdown and data of the study (see the module docstring); writes study_curves.png into `out_dir`. Arms
+    that are variants (another arm's method with options) are also compared, paired per task, with their method's
+    own arm and with the arm `against`."""
     agent = [b for b in dict.fromkeys(b for r in rows for b in r["benchmarks"]) if not _is_code(b)]
     base = next((r for r in rows if r["method"] == "base"), None)
     oracle = next((r for r in rows if r["method"] == "oracle"), None)
@@ -181,7 +184,7 @@ def study_section(
     parts, data = ["## Study: arms x seeds at an equal budget\n"], {"benchmarks": {}, "arms": arms}
     for bench in agent:
         baseline = read_records(episodes[base["run_id"]], bench) if base and base["run_id"] in episodes else None
-        body, table = [], {}
+        body, table, per_arm = [], {}, {}
         if baseline:
             s = arm_summary({None: baseline})
             table["vanilla"] = _json(s)
@@ -197,6 +200,7 @@ def study_section(
             if not members:
                 continue
             per_seed = {r["seed"]: read_records(episodes[r["run_id"]], bench) for r in members}
+            per_arm[arm] = (members[0]["method"], per_seed)
             s = arm_summary(per_seed, baseline)
             gens = [generations[r["train_run_id"]] for r in members if generations.get(r["train_run_id"]) is not None]
             secs = [train_seconds[r["train_run_id"]] for r in members if r["train_run_id"] in train_seconds]
@@ -210,6 +214,10 @@ def study_section(
         parts += [f"### {bench} ({table.get('vanilla', {}).get('n_tasks', '?')} tasks)\n",
                   _table(header, body)]  # fmt: skip
         data["benchmarks"][bench] = table
+        text, paired = variants_section(per_arm, against)
+        if text:
+            parts.append(text)
+            data.setdefault("variants", {})[bench] = paired
     parts.append(
         "Reward: mean reward x 100; success: % of tasks solved. Intervals over tasks average each task over the "
         "seeds; intervals over seeds use the seeds' means (t, n_seeds - 1 df). Δ: paired per task against the "
@@ -232,6 +240,37 @@ def study_section(
             parts.append(_efficiency_markdown(efficiency, reference))
     (out_dir / "study.json").write_text(json.dumps(data, indent=2, default=str))
     return "\n".join(parts), data
+
+
+def variants_section(
+    per_arm: dict[str, tuple[str, dict[Any, dict[str, float]]]], against: str
+) -> tuple[str, dict[str, Any]]:
+    """Each variant arm (an arm named otherwise than its method) against its method's own arm and against the arm
+    `against`: the paired per-task difference of the seed means, with its 95% interval over tasks."""
+
+    def seed_mean(per_seed: dict[Any, dict[str, float]]) -> dict[str, float]:
+        tasks = set.intersection(*(set(r) for r in per_seed.values()))
+        return {t: statistics.fmean(r[t] for r in per_seed.values()) for t in tasks}
+
+    body, data = [], {}
+    for arm, (method, per_seed) in per_arm.items():
+        if arm == method:
+            continue
+        cells, row = [], {}
+        for ref in (method, against):
+            if ref in per_arm and ref != arm:
+                delta = arm_summary(per_seed, seed_mean(per_arm[ref][1]))["delta_reward"]
+                row[ref] = _json({"delta_reward": delta})["delta_reward"]
+                cells.append(_cell(delta))
+            else:
+                cells.append("-")
+        body.append([arm, method, *cells])
+        data[arm] = row
+    if not body:
+        return "", {}
+    header = ["Variant arm", "Method", "Δ reward vs the method's own arm [95% CI tasks]",
+              f"Δ reward vs {against} [95% CI tasks]"]  # fmt: skip
+    return "#### Variants, paired per task\n\n" + _table(header, body), data
 
 
 def _is_code(benchmark: str) -> bool:
