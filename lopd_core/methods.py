@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -558,16 +558,17 @@ class Method:
     rules: MethodRules
 
 
+def _latent(m: LOPDModels, c: LOPDConfig, i: dict[str, Any]) -> LatentContext:
+    return LatentContext(m.composer, i["retrieve"], c, i["source_env"])
+
+
+def _solution(m: LOPDModels, c: LOPDConfig, i: dict[str, Any]) -> SolutionContext:
+    return SolutionContext(m, c, i["solutions"])
+
+
 METHODS: dict[str, Method] = {  # every method, once (its name is config.MethodName)
-    "lopd": Method(
-        lambda m, c, i: LatentContext(m.composer, i["retrieve"], c, i["source_env"]),
-        LatentContext,
-        LOPDObjective,
-        METHOD_RULES["lopd"],
-    ),
-    "opsd": Method(
-        lambda m, c, i: SolutionContext(m, c, i["solutions"]), SolutionContext, DistillObjective, METHOD_RULES["opsd"]
-    ),
+    "lopd": Method(_latent, LatentContext, LOPDObjective, METHOD_RULES["lopd"]),
+    "opsd": Method(_solution, SolutionContext, DistillObjective, METHOD_RULES["opsd"]),
     "sdft": Method(
         lambda m, c, i: DemonstrationContext(m, c, i["solutions"]),
         DemonstrationContext,
@@ -580,21 +581,9 @@ METHODS: dict[str, Method] = {  # every method, once (its name is config.MethodN
     ),
     "grpo": Method(lambda m, c, i: NoContext(), NoContext, GRPOObjective, METHOD_RULES["grpo"]),
     # the hybrids: an RL term and a teacher's guidance on failures; any context strategy can be the teacher
-    "diffgate": Method(
-        lambda m, c, i: SolutionContext(m, c, i["solutions"]),
-        SolutionContext,
-        DiffGateObjective,
-        METHOD_RULES["diffgate"],
-    ),
-    "diffgate_latent": Method(
-        lambda m, c, i: LatentContext(m.composer, i["retrieve"], c, i["source_env"]),
-        LatentContext,
-        DiffGateObjective,
-        METHOD_RULES["diffgate_latent"],
-    ),
-    "scope": Method(
-        lambda m, c, i: SolutionContext(m, c, i["solutions"]), SolutionContext, SCOPEObjective, METHOD_RULES["scope"]
-    ),
+    "diffgate": Method(_solution, SolutionContext, DiffGateObjective, METHOD_RULES["diffgate"]),
+    "diffgate_latent": Method(_latent, LatentContext, DiffGateObjective, METHOD_RULES["diffgate_latent"]),
+    "scope": Method(_solution, SolutionContext, SCOPEObjective, METHOD_RULES["scope"]),
 }
 
 

@@ -303,7 +303,7 @@ def test_text_teacher_acts_with_the_tasks_solution(tmp_path: Path) -> None:
     assert "teacher with its context (diagnostic" in result.report
     contexts = [t.get("context", "none") for t in _trajectories(result)]
     assert contexts.count("teacher") == 2 and contexts.count("none") == 3
-    with pytest.raises(ValueError, match="needs the checkpoint of a opsd/sdft/skill_sd run, got lopd"):
+    with pytest.raises(ValueError, match="needs the checkpoint of a opsd/sdft/skill_sd/diffgate/scope run, got lopd"):
         evaluate(tiny_spec(tmp_path / "run2", checkpoint=str(_tiny_checkpoint(tmp_path / "lopd")),
                            benchmarks=benchmarks[:1], teacher_eval=True))  # fmt: skip
 
