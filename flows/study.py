@@ -171,11 +171,11 @@ def study_section(
     train_seconds: dict[str, float],
     out_dir: Path,
     reference: str = "grpo",
-    against: str = "lopd",
+    against: tuple[str, ...] = ("lopd", "grpo"),
 ) -> tuple[str, dict[str, Any]]:
     """Markdown and data of the study (see the module docstring); writes study_curves.png into `out_dir`. Arms
     that are variants (another arm's method with options) are also compared, paired per task, with their method's
-    own arm and with the arm `against`."""
+    own arm and with the arms `against` (the paper's method and the RL reference)."""
     agent = [b for b in dict.fromkeys(b for r in rows for b in r["benchmarks"]) if not _is_code(b)]
     base = next((r for r in rows if r["method"] == "base"), None)
     oracle = next((r for r in rows if r["method"] == "oracle"), None)
@@ -243,10 +243,10 @@ def study_section(
 
 
 def variants_section(
-    per_arm: dict[str, tuple[str, dict[Any, dict[str, float]]]], against: str
+    per_arm: dict[str, tuple[str, dict[Any, dict[str, float]]]], against: tuple[str, ...]
 ) -> tuple[str, dict[str, Any]]:
-    """Each variant arm (an arm named otherwise than its method) against its method's own arm and against the arm
-    `against`: the paired per-task difference of the seed means, with its 95% interval over tasks."""
+    """Each variant arm (an arm named otherwise than its method) against its method's own arm and against each arm
+    of `against`: the paired per-task difference of the seed means, with its 95% interval over tasks."""
 
     def seed_mean(per_seed: dict[Any, dict[str, float]]) -> dict[str, float]:
         tasks = set.intersection(*(set(r) for r in per_seed.values()))
@@ -257,7 +257,7 @@ def variants_section(
         if arm == method:
             continue
         cells, row = [], {}
-        for ref in (method, against):
+        for ref in (method, *against):
             if ref in per_arm and ref != arm:
                 delta = arm_summary(per_seed, seed_mean(per_arm[ref][1]))["delta_reward"]
                 row[ref] = _json({"delta_reward": delta})["delta_reward"]
@@ -269,7 +269,7 @@ def variants_section(
     if not body:
         return "", {}
     header = ["Variant arm", "Method", "Δ reward vs the method's own arm [95% CI tasks]",
-              f"Δ reward vs {against} [95% CI tasks]"]  # fmt: skip
+              *(f"Δ reward vs {ref} [95% CI tasks]" for ref in against)]  # fmt: skip
     return "#### Variants, paired per task\n\n" + _table(header, body), data
 
 

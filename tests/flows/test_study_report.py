@@ -60,10 +60,10 @@ def test_variants_are_paired_with_their_method_and_with_lopd_hand_checked():
     variant = {0: {"a": 1.0, "b": 1.0}, 1: {"a": 0.0, "b": 1.0}}  # seed means: a 0.5, b 1.0
     lopd = {0: {"a": 0.5, "b": 0.5}}
     per_arm = {"opsd": ("opsd", opsd), "opsd fwd": ("opsd", variant), "lopd": ("lopd", lopd)}
-    text, data = variants_section(per_arm, "lopd")
+    text, data = variants_section(per_arm, ("lopd", "grpo"))
     assert set(data) == {"opsd fwd"}  # arms named after their method are the references, not variants
     # vs opsd: differences a +0.5, b 0 -> mean +0.25 (x 100 in the table); vs lopd: a 0, b +0.5 -> +0.25
     assert data["opsd fwd"]["opsd"]["value"] == pytest.approx(25.0)
     assert data["opsd fwd"]["lopd"]["value"] == pytest.approx(25.0)
-    assert "| opsd fwd | opsd | 25.0 [" in text
-    assert variants_section({"opsd": ("opsd", opsd)}, "lopd") == ("", {})
+    assert "| opsd fwd | opsd | 25.0 [" in text and text.rstrip().endswith("| - |")  # no grpo arm here
+    assert variants_section({"opsd": ("opsd", opsd)}, ("lopd",)) == ("", {})
