@@ -30,14 +30,6 @@ LEAN = [
 ]
 
 
-@pytest.fixture(scope="session")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
 @pytest.fixture(scope="module")
 def pipe_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("pipeline")

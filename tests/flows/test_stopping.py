@@ -27,12 +27,10 @@ STEPS = 40
 
 
 @pytest.fixture(scope="module")
-def api_url():
+def api_url(harness):
     from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=180):
-        yield PREFECT_API_URL.value()
+    return PREFECT_API_URL.value()
 
 
 def start(run_dir: Path, api_url: str, *extra: str) -> subprocess.Popen[str]:
