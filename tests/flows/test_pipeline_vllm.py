@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.core.test_vllm import needs_vllm
-from tests.flows.test_pipeline import LEAN, ROOT, harness, ran  # noqa: F401 (harness: a fixture)
+from tests.flows.test_pipeline import LEAN, ROOT, ran
 
 pytestmark = [pytest.mark.slow, needs_vllm]
 
