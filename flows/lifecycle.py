@@ -73,7 +73,8 @@ class RunDirLock:
             return self
         fh.seek(0)
         fh.truncate()
-        fh.write(f"PID {os.getpid()} ({' '.join(sys.argv)[:200]}), since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        command = " ".join(sys.argv)[:200]
+        fh.write(f"PID {os.getpid()} ({self.what}: {command}), since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         fh.flush()
         self._fh = fh
         return self
@@ -94,13 +95,12 @@ class RunDirLock:
 # ------------------------------------------------------------------------------------ the parent: the CLI
 
 
-def _stop_children(sig: int) -> int:
+def _stop_children(sig: int) -> None:
     with _CHILDREN_LOCK:
         children = list(_CHILDREN)
     for child in children:
         with contextlib.suppress(ProcessLookupError):
             child.send_signal(sig)
-    return len(children)
 
 
 @contextlib.contextmanager

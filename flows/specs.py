@@ -148,7 +148,8 @@ def evaluate_spec(
     checkpoint = train.artifacts["checkpoint"].to_dict() if train else None
     rules = METHOD_RULES.get(method)  # None for the warm start ("base") and the oracle
     latent = (ev.latent_eval or ev.teacher_eval) and rules is not None and rules.reads_bank and bank is not None
-    # a text teacher that acts with its context: a frozen one (an EMA teacher's weights are not in the checkpoint)
+    # a text teacher that acts with its context: a frozen one (an EMA teacher is not restored for acting: LoRA's
+    # teacher adapter would be re-copied from the student, and full fine-tuning's moved backbone is not wired yet)
     text_teacher = ev.teacher_eval and rules is not None and rules.acting_teacher and \
         teacher_sync(cfg.arm_config(arm or method)[0]) == "frozen"  # fmt: skip
     tags = {**common["tags"], "method": method, LABEL_TAG: label, ARM_TAG: arm or method}

@@ -317,6 +317,19 @@ class Objective:
         pass
 
 
+def distill_tokens(head: HeadOutputs, form: str) -> torch.Tensor:
+    """The per-token distillation term by `opd.distill_form`: the divergence itself, or a policy-gradient surrogate
+    whose gradient distils (its value is not a divergence: `distill_kl` still logs the divergence, weighed by
+    RA-OPD's filter when `reward_aligned` is on). Shared by distillation and the hybrids' guidance."""
+    assert head.kl is not None and head.teacher_logp is not None
+    if form == "divergence":
+        return head.kl
+    if form == "sign":
+        return opd_sign(head.student_logp, head.teacher_logp)
+    baseline = -head.kl if form == "vopd" else None
+    return opd_policy_gradient(head.student_logp, head.teacher_logp, baseline)
+
+
 class DistillObjective(Objective):
     """The distillation term on the student's own tokens: top-M reverse KL (eq. 9-10) by default, or another
     divergence or form of `lopd.opd`; the margin is logged, not optimised."""
@@ -332,7 +345,7 @@ class DistillObjective(Objective):
         if head.kl is None or head.teacher_logp is None:
             raise ValueError(f"{type(self).__name__} needs the teacher's side of the loss head")
         norm = self.cfg.loss_normalization
-        kl, per_token, stats = head.kl, self._distill_tokens(head), {}
+        kl, per_token, stats = head.kl, distill_tokens(head, self.cfg.opd.distill_form), {}
         if self.cfg.opd.reward_aligned:  # RA-OPD: records whose distillation direction disagrees with their verdict
             weights = reward_aligned_weights(
                 head.privilege, batch.rows, batch.advantages, self.cfg.opd.misaligned_weight
@@ -343,19 +356,6 @@ class DistillObjective(Objective):
         distill = batch.reduce(per_token, norm)
         stats["distill_kl"] = batch.reduce(kl.detach(), norm).item()
         return (distill, *self._margin(head, batch), stats)
-
-    def _distill_tokens(self, head: HeadOutputs) -> torch.Tensor:
-        """The per-token distillation term by `distill_form`: the divergence itself, or a policy-gradient surrogate
-        whose gradient distils (its value is not a divergence: `distill_kl` still logs the divergence, weighed by
-        RA-OPD's filter when `reward_aligned` is on)."""
-        assert head.kl is not None and head.teacher_logp is not None
-        form = self.cfg.opd.distill_form
-        if form == "divergence":
-            return head.kl
-        if form == "sign":
-            return opd_sign(head.student_logp, head.teacher_logp)
-        baseline = -head.kl if form == "vopd" else None
-        return opd_policy_gradient(head.student_logp, head.teacher_logp, baseline)
 
     def _margin(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, float | None]:
         """(Delta in the loss, Delta for the dual step and the logs; None when undefined), by `margin_advantage`."""
@@ -482,14 +482,13 @@ class DiffGateObjective(Objective):
             )
         self.epochs = cfg.baseline.ppo_epochs
         self.temperature = cfg.baseline.policy_temperature or 1.0
-        self.distill = DistillObjective(cfg)
 
     def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
         o = self.cfg.opd
         pg, stats = clipped_policy_gradient(head, batch, self.cfg.baseline.clip_eps)
         adv = batch.advantages.to(pg.dtype)
         gate = (adv < 0).to(pg.dtype) * group_failure_rate(adv, batch.groups)
-        guide = smooth_bound(self.distill._distill_tokens(head), o.guidance_bound) * gate[batch.rows]
+        guide = smooth_bound(distill_tokens(head, o.distill_form), o.guidance_bound) * gate[batch.rows]
         norm = "record" if self.cfg.loss_normalization == "record" else "token"
         pg_loss, guidance = batch.reduce(pg, norm), batch.reduce(guide, norm)
         assert head.kl is not None
@@ -515,7 +514,6 @@ class SCOPEObjective(Objective):
 
     def __init__(self, cfg: LOPDConfig) -> None:
         super().__init__(cfg)
-        self.distill = DistillObjective(cfg)
 
     def loss(self, head: HeadOutputs, batch: DistillBatch) -> tuple[torch.Tensor, dict[str, float]]:
         if head.kl is None or head.teacher_logp is None:
@@ -525,7 +523,7 @@ class SCOPEObjective(Objective):
         student_ppl = (-record_means(head.student_logp.detach(), batch.rows, n)).exp()
         w_fail = group_normalised(teacher_conf, batch.groups, adv < 0).to(head.kl.dtype)
         w_success = group_normalised(student_ppl, batch.groups, adv > 0).to(head.kl.dtype)
-        guide = self.distill._distill_tokens(head) * w_fail[batch.rows]
+        guide = distill_tokens(head, self.cfg.opd.distill_form) * w_fail[batch.rows]
         likelihood = -head.student_logp * w_success[batch.rows]
         norm = "record" if self.cfg.loss_normalization == "record" else "token"
         guidance, mle = batch.reduce(guide, norm), batch.reduce(likelihood, norm)
