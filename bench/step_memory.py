@@ -1,14 +1,18 @@
-"""Peak memory of one LOPD step on the tiny backbone at the paper's sequence lengths, checkpointing on and off.
+"""Peak memory of one whole `TrainStep` at long sequence lengths, measured beside the memory model's prediction.
 
-One trajectory of L tokens (many tool-call turns, so a quarter or so of it is supervised action tokens) goes
-through one whole `TrainStep` (student pass, composer, teacher pass with the latents, fused loss head,
-backward, AdamW, the dual step). Each (L, checkpointing) runs in a fresh subprocess; peak = the process's
-resident-memory high-water mark (ru_maxrss) minus its value just before the step (on CUDA:
-max_memory_allocated minus memory_allocated before the step). A bench, not a test: nothing asserts.
+One trajectory of L tokens (many tool-call turns; a quarter or so of it is action tokens) goes through one
+`TrainStep` of the chosen method: student pass, the method's teacher (LOPD: composer + latent teacher with a
+gradient into the composer; OPSD: a frozen teacher reading a solution; GRPO: none), the fused loss head, backward,
+AdamW (fused where the device has it) and the method's state update. Each (method, L, checkpointing, student)
+runs in a fresh subprocess; peak = what the step adds at its peak (`lopd_core.memory_model.PeakMemory`: the
+resident high-water mark, reset before the step, minus the resident set then; CUDA: max_memory_allocated minus
+memory_allocated before the step). Beside each run the
+bench prints what `lopd_core.memory_model.predict_step` predicts for the same shape, and the ratio.
 
-    python bench/step_memory.py                          # L = 2048, 8192, 16384; checkpointing off and on
-    python bench/step_memory.py --lengths 2048 --device cuda
-Prints one JSON object per run, then a Markdown table and the growth exponent of peak memory in L.
+    python bench/step_memory.py --backbone smollm2-135m --methods lopd opsd grpo --lengths 2048 4096
+    python bench/step_memory.py --backbone tiny                      # the tiny backbone, L = 2k, 8k, 16k
+    python bench/step_memory.py --from-json runs.jsonl               # the table again from saved rows
+Prints one JSON object per run (also appended to --out), then a Markdown table. A bench: nothing asserts.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import resource
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -37,19 +42,21 @@ def trajectory(n_turns: int):  # type: ignore[no-untyped-def]
     return Trajectory("t0", "bank", "Reconcile the ledger.", msgs, reward=1.0)
 
 
-def child(length: int, checkpointing: bool, device: str) -> None:
+def child(backbone: str, method: str, length: int, checkpointing: bool, student: str, device: str) -> None:
     from lopd_core.backbone import load_backbone
     from lopd_core.config import LOPDConfig
+    from lopd_core.memory_model import PeakMemory, StepShape, predict_step, shape_of
+    from lopd_core.methods import build_method
     from lopd_core.models import build_models
     from lopd_core.serialization import ChatSerializer
-    from lopd_core.step import LatentContext, LOPDObjective, TrainStep
+    from lopd_core.step import TrainStep
 
     torch.manual_seed(0)
-    model, tok = load_backbone("tiny")
+    model, tok = load_backbone(backbone)
     model.config.max_position_embeddings = max(model.config.max_position_embeddings, 2 * length)
     model.to(device)
-    cfg = LOPDConfig(n_queries=4, qformer_layers=2, encoder_max_tokens=128, max_seq_len=2 * length,
-                     gradient_checkpointing=checkpointing)  # fmt: skip
+    cfg = LOPDConfig(method=method, n_queries=4, qformer_layers=2, encoder_max_tokens=128, max_seq_len=2 * length,
+                     gradient_checkpointing=checkpointing, student_mode=student)  # fmt: skip
     models = build_models(model, tok, cfg)
     ser = ChatSerializer(tok, cfg.max_seq_len)
     n10, n20 = (len(ser.student_view(trajectory(n)).input_ids) for n in (10, 20))
@@ -58,57 +65,90 @@ def child(length: int, checkpointing: bool, device: str) -> None:
         turns += 1
     traj = trajectory(turns)
     view = ser.student_view(traj)
-    retrieve = lambda task, task_id: [f"Task: other {j}\nTrace: " + FILLER * 4 for j in range(3)]  # noqa: E731
-    step = TrainStep(models, ser, LatentContext(models.composer, retrieve, cfg), LOPDObjective(cfg), cfg)
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    experience = "Task: other {j}\nTrace: " + FILLER * 4
+    strategy, objective = build_method(
+        models, cfg, retrieve=lambda task, task_id: [experience.format(j=j) for j in range(cfg.n_retrieved)],
+        solutions=lambda task_id: FILLER * 4, skills=lambda task: [FILLER],
+    )  # fmt: skip
+    step = TrainStep(models, ser, strategy, objective, cfg)
+    shape = StepShape(
+        backbone=shape_of(model), method=method, tokens=len(view.input_ids), action_tokens=view.n_action_tokens,
+        latent_tokens=cfg.n_latents, encoder_tokens=cfg.n_retrieved * cfg.encoder_max_tokens,
+        context_tokens=len(ser.view(traj.messages, strategy.contexts([traj])[0]).input_ids) - len(view.input_ids)
+        if method != "grpo" else 0,
+        student=student, trainable=sum(p.numel() for p in models.student_parameters()),
+        composer=sum(p.numel() for p in models.composer_parameters()), checkpointing=checkpointing,
+        dtype_bytes=next(model.parameters()).element_size(), chunk_size=cfg.head_chunk_size,
+    )  # fmt: skip
     t0 = time.perf_counter()
-    metrics = step([traj])
-    seconds = time.perf_counter() - t0
-    if device == "cuda":
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
-    print(json.dumps({"length": length, "student_tokens": len(view.input_ids), "action_tokens": view.n_action_tokens,
-                      "gradient_checkpointing": checkpointing, "peak_mb": round(peak / 2**20, 1),
-                      "step_s": round(seconds, 2), "updated": metrics["updated"], "device": device}))  # fmt: skip
+    with PeakMemory(device) as measured:
+        metrics = step([traj])
+    seconds, peak = time.perf_counter() - t0, measured.peak
+    predicted = predict_step(shape)
+    print(json.dumps({"backbone": backbone, "method": method, "length": length, "student_tokens": len(view.input_ids),
+                      "action_tokens": view.n_action_tokens, "gradient_checkpointing": checkpointing,
+                      "student": student, "peak_mb": round(peak / 2**20, 1),
+                      "predicted_mb": round(predicted.step_peak_excluding_weights / 2**20, 1),
+                      "shape": shape.as_dict(), "step_s": round(seconds, 2), "updated": metrics["updated"],
+                      "device": device}))  # fmt: skip
+
+
+def table(rows: list[dict]) -> None:
+    print("\n| backbone | method | student | L (student tokens) | action tokens | checkpointing | measured peak | "
+          "model | model / measured |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['backbone']} | {r['method']} | {r['student']} | {r['length']} | - | "
+                  f"{'on' if r['gradient_checkpointing'] else 'off'} | {r['error']} | - | - |")  # fmt: skip
+            continue
+        print(f"| {r['backbone']} | {r['method']} | {r['student']} | {r['length']} ({r['student_tokens']}) | "
+              f"{r['action_tokens']} | {'on' if r['gradient_checkpointing'] else 'off'} | {r['peak_mb']:.0f} MB | "
+              f"{r['predicted_mb']:.0f} MB | {r['predicted_mb'] / r['peak_mb']:.2f} |")  # fmt: skip
+    errors = [abs(r["predicted_mb"] / r["peak_mb"] - 1) for r in rows if "peak_mb" in r]
+    if errors:
+        print(f"\nthe model is within {100 * max(errors):.1f}% of every measured point ({len(errors)} runs)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backbone", default="tiny")
+    ap.add_argument("--methods", nargs="+", default=["lopd"])
     ap.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192, 16384])
+    ap.add_argument("--checkpointing", nargs="+", default=["off", "on"], choices=["off", "on"])
+    ap.add_argument("--student", default="lora", choices=["lora", "full"])
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help="append each run's JSON row to this file")
+    ap.add_argument("--from-json", type=Path, help="print the table of saved rows (one JSON per line), run nothing")
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.child:
-        child(int(args.child[0]), args.child[1] == "on", args.device)
+        method, length, ckpt, student, backbone = args.child
+        child(backbone, method, int(length), ckpt == "on", student, args.device)
         return
+    if args.from_json:
+        rows = [json.loads(line) for line in args.from_json.read_text().splitlines() if line.strip()]
+        return table(rows)
     rows = []
-    for length in args.lengths:
-        for ckpt in ("off", "on"):
-            cmd = [sys.executable, __file__, "--device", args.device, "--child", str(length), ckpt]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-            print(out, flush=True)
-            rows.append(json.loads(out))
-    print("\n| L (student tokens) | action tokens | peak, checkpointing off | peak, on | on / off |")
-    print("|---|---|---|---|---|")
-    by = {(r["length"], r["gradient_checkpointing"]): r for r in rows}
-    for length in args.lengths:
-        off, on = by[(length, False)], by[(length, True)]
-        print(f"| {length} ({off['student_tokens']}) | {off['action_tokens']} | {off['peak_mb']} MB | "
-              f"{on['peak_mb']} MB | {on['peak_mb'] / off['peak_mb']:.2f} |")  # fmt: skip
-    if len(args.lengths) > 1:
-        first, last = args.lengths[0], args.lengths[-1]
-        for ckpt in (False, True):
-            a, b = by[(first, ckpt)]["peak_mb"], by[(last, ckpt)]["peak_mb"]
-            slope = math.log(b / a) / math.log(last / first)
-            print(f"checkpointing {'on' if ckpt else 'off'}: peak grows as L^{slope:.2f} from {first} to {last}")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # the high-water mark follows live memory (loss_memory)
+    for method in args.methods:
+        for length in args.lengths:
+            for ckpt in args.checkpointing:
+                cmd = [sys.executable, __file__, "--device", args.device, "--child", method, str(length), ckpt,
+                       args.student, args.backbone]  # fmt: skip
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                if proc.returncode == 0:
+                    row = json.loads(proc.stdout.strip().splitlines()[-1])
+                else:  # e.g. killed for memory: said, not skipped
+                    tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+                    row = {"backbone": args.backbone, "method": method, "length": length, "student": args.student,
+                           "gradient_checkpointing": ckpt == "on", "error": tail[:120]}  # fmt: skip
+                print(json.dumps(row), flush=True)
+                if args.out:
+                    with args.out.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                rows.append(row)
+    table(rows)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from lopd_core.conversation import Trajectory, experience_document
 from lopd_core.distributed import World, current_world, idle_loss
 from lopd_core.loss_head import token_logprobs
 from lopd_core.models import LOPDModels
+from lopd_core.optim import adamw
 from lopd_core.serialization import ChatSerializer, TeacherContext, aligned_action_positions
 
 Retriever = Callable[[str, str], list[str]]
@@ -106,7 +107,7 @@ def cold_start(
     ]
     if reader:
         params.append({"params": reader, "lr": cold.lr})
-    optimizer = torch.optim.AdamW(params, weight_decay=cold.weight_decay)
+    optimizer = adamw(params, weight_decay=cold.weight_decay)
     rng = random.Random(cfg.seed)
     models.train()
     losses = []

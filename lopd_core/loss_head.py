@@ -1,20 +1,27 @@
 """The loss head from hidden states, in position chunks, recomputed in backward: full logits are never held.
 
 For N supervised tokens the naive head materialises two [N, V] logit matrices (plus softmax temporaries);
-at T = 16k and V = 49k that is gigabytes per side. Here the lm-head projection, the top-M bucket KL (eq. 9-10)
-and the sampled-token log-probabilities (eq. 11) are computed chunk by chunk under activation
-checkpointing: the forward keeps only per-token scalars, and the backward recomputes one chunk's logits at a
-time (the fused linear + loss idea of Liger Kernel). `lopd_core.losses` holds the readable logits-level
-definitions; tests check that both give the same values and gradients.
+at T = 16k and V = 49k that is gigabytes per side. Here the lm-head projection, the top-M bucket divergence
+(eq. 9-10) and the sampled-token log-probabilities (eq. 11) are computed chunk by chunk (the fused linear + loss
+idea of Liger Kernel):
+- the forward runs without a graph and keeps per-token scalars, the support ids [N, M] and, when the teacher
+  takes no gradient, the teacher's bucket log-probabilities [N, M+1];
+- the backward recomputes one chunk's logits at a time, back-propagates that chunk's share of the output
+  gradients, and frees it before the next: nothing of size chunk x V outlives its chunk, whichever outputs
+  the loss uses (activation checkpointing would keep a chunk's recomputed logits until the whole backward ends
+  when one output, e.g. the stopped student side of eq. 11, gets no gradient);
+- each side's logsumexp is computed once, and a teacher that takes no gradient (OPSD, SDFT, SDPO, Skill-SD,
+  GRPO's reference) is not recomputed: its saved buckets stand in.
+`lopd_core.losses` holds the readable logits-level definitions; tests check that both give the same values and
+gradients, and that the head's peak memory does not grow with N.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
+from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from lopd_core.losses import bucket_divergence, topm_bucket_logprobs
 
@@ -39,31 +46,162 @@ def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
-def _chunk(
-    h_s: torch.Tensor,
-    h_t: torch.Tensor,
-    targets: torch.Tensor,
-    w_s: torch.Tensor,
-    w_t: torch.Tensor,
-    top_m: int,
-    support: str,
-    tail_floor: float | None,
-    temperature: float = 1.0,
-    divergence: str = "reverse_kl",
-    divergence_coef: float = 0.5,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    logits_s, logits_t = _at_least_fp32(h_s @ w_s.T), _at_least_fp32(h_t @ w_t.T)
-    if temperature != 1.0:  # GRPO at its sampling temperature; the distillation methods skip a pass over [N, V]
-        logits_s, logits_t = logits_s / temperature, logits_t / temperature
-    source = logits_t if support == "teacher" else logits_s
-    ids = source.detach().topk(min(top_m, source.shape[-1]), dim=-1).indices
-    buckets_t = topm_bucket_logprobs(logits_t, ids, tail_floor)
-    kl = bucket_divergence(topm_bucket_logprobs(logits_s, ids, tail_floor), buckets_t, divergence, divergence_coef)
-    teacher_logp = logits_t.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits_t, -1)
-    student_logp = logits_s.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits_s, -1)
-    with torch.no_grad():
-        mass = buckets_t[:, : ids.shape[-1]].exp().sum(-1)
-    return kl, teacher_logp, student_logp, mass
+def _logits(h: torch.Tensor, w: torch.Tensor, temperature: float) -> torch.Tensor:
+    logits = _at_least_fp32(h @ w.T)
+    # GRPO at its sampling temperature; the distillation methods skip a pass over [chunk, V]
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def _side(
+    logits: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor, tail_floor: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One side's bucket log-probabilities on the support `ids` [c, M+1] and log p(targets) [c], one logsumexp."""
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    buckets = topm_bucket_logprobs(logits, ids, tail_floor, lse=lse)
+    return buckets, logits.gather(-1, targets[:, None]).squeeze(-1) - lse.squeeze(-1)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    top_m: int
+    support: str
+    tail_floor: float | None
+    temperature: float
+    divergence: str
+    divergence_coef: float
+    chunk_size: int
+
+
+def _chunks(n: int, size: int) -> list[slice]:
+    return [slice(start, start + size) for start in range(0, n, size)]
+
+
+def _leaf(x: torch.Tensor, grad: bool) -> torch.Tensor:
+    return x.detach().requires_grad_(grad)
+
+
+def _distill_chunks(
+    spec: _Spec, h_s: torch.Tensor, h_t: torch.Tensor, targets: torch.Tensor, w_s: torch.Tensor, w_t: torch.Tensor,
+    keep_teacher_buckets: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """The head's values chunk by chunk: (kl, log pT(a), log pS(a), top-M mass, support ids, teacher buckets or
+    None). Call it without a graph: each chunk's logits are dropped before the next chunk."""
+    kls, t_logps, s_logps, masses, all_ids, all_bt = [], [], [], [], [], []
+    for sl in _chunks(targets.shape[0], spec.chunk_size):
+        logits_s, logits_t = _logits(h_s[sl], w_s, spec.temperature), _logits(h_t[sl], w_t, spec.temperature)
+        source = logits_t if spec.support == "teacher" else logits_s
+        ids = source.topk(min(spec.top_m, source.shape[-1]), dim=-1).indices
+        b_t, t_logp = _side(logits_t, ids, targets[sl], spec.tail_floor)
+        b_s, s_logp = _side(logits_s, ids, targets[sl], spec.tail_floor)
+        del logits_s, logits_t, source
+        kls.append(bucket_divergence(b_s, b_t, spec.divergence, spec.divergence_coef))
+        t_logps.append(t_logp)
+        s_logps.append(s_logp)
+        masses.append(b_t[:, : ids.shape[-1]].exp().sum(-1))
+        all_ids.append(ids)
+        if keep_teacher_buckets:
+            all_bt.append(b_t)
+    b_t_all = torch.cat(all_bt) if all_bt else None
+    return torch.cat(kls), torch.cat(t_logps), torch.cat(s_logps), torch.cat(masses), torch.cat(all_ids), b_t_all
+
+
+def _keep(ctx: Any, *inputs: torch.Tensor) -> None:
+    """Hold the inputs for backward on `ctx` itself, not through `save_for_backward`, whose buffers a first
+    backward frees: like activation checkpointing, the head answers a second `autograd.grad` over other outputs
+    (e.g. the privilege after the loss). The in-place check that `save_for_backward` makes is made by `_kept`."""
+    ctx.kept, ctx.versions = inputs, [t._version for t in inputs]
+
+
+def _kept(ctx: Any) -> tuple[torch.Tensor, ...]:
+    for i, (t, version) in enumerate(zip(ctx.kept, ctx.versions, strict=True)):
+        if t._version != version:
+            raise RuntimeError(
+                f"input {i} of the fused loss head was modified in place after its forward (version {version} -> "
+                f"{t._version}); its backward recomputes from it: clone it before modifying it"
+            )
+    return ctx.kept
+
+
+class _FusedDistillHead(torch.autograd.Function):
+    """(kl, log pT(a), log pS(a), top-M mass) [N] each; backward recomputes chunk by chunk (module docstring)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, spec: _Spec, h_s: torch.Tensor, h_t: torch.Tensor, targets: torch.Tensor,
+        w_s: torch.Tensor, w_t: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        teacher_grad = ctx.needs_input_grad[2] or ctx.needs_input_grad[5]
+        kl, t_logp, s_logp, mass, ids, b_t = _distill_chunks(spec, h_s, h_t, targets, w_s, w_t, not teacher_grad)
+        ctx.spec, ctx.teacher_grad, ctx.ids, ctx.teacher_buckets = spec, teacher_grad, ids, b_t
+        _keep(ctx, h_s, h_t, targets, w_s, w_t)
+        ctx.mark_non_differentiable(mass)
+        ctx.set_materialize_grads(False)
+        return kl, t_logp, s_logp, mass
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, g_kl: torch.Tensor | None, g_t: torch.Tensor | None, g_s: torch.Tensor | None, _: Any
+    ) -> tuple[Any, ...]:
+        spec: _Spec = ctx.spec
+        h_s, h_t, targets, w_s, w_t = _kept(ctx)
+        ids = ctx.ids
+        need = ctx.needs_input_grad
+        grad_h_s = torch.zeros_like(h_s) if need[1] else None
+        grad_h_t = torch.zeros_like(h_t) if need[2] else None
+        w_s_leaf, w_t_leaf = _leaf(w_s, need[4]), _leaf(w_t, need[5])
+        for sl in _chunks(targets.shape[0], spec.chunk_size):
+            hs, ht = _leaf(h_s[sl], need[1]), _leaf(h_t[sl], need[2])
+            with torch.enable_grad():
+                if ctx.teacher_grad:
+                    b_t, t_logp = _side(_logits(ht, w_t_leaf, spec.temperature), ids[sl], targets[sl], spec.tail_floor)
+                else:
+                    b_t, t_logp = ctx.teacher_buckets[sl], None
+                b_s, s_logp = _side(_logits(hs, w_s_leaf, spec.temperature), ids[sl], targets[sl], spec.tail_floor)
+                kl = bucket_divergence(b_s, b_t, spec.divergence, spec.divergence_coef)
+                pairs = [(out, g[sl]) for out, g in ((kl, g_kl), (t_logp, g_t), (s_logp, g_s))
+                         if g is not None and out is not None and out.requires_grad]  # fmt: skip
+            if pairs:
+                torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
+            del b_t, t_logp, b_s, s_logp, kl, pairs
+            if grad_h_s is not None and hs.grad is not None:
+                grad_h_s[sl] = hs.grad
+            if grad_h_t is not None and ht.grad is not None:
+                grad_h_t[sl] = ht.grad
+        return None, grad_h_s, grad_h_t, None, w_s_leaf.grad, w_t_leaf.grad
+
+
+class _FusedLogp(torch.autograd.Function):
+    """log p(targets) [N] from hidden states, chunk by chunk; backward recomputes one chunk at a time."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, h: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, temperature: float, chunk_size: int
+    ) -> torch.Tensor:
+        parts = [_logp(h[sl], targets[sl], w, temperature) for sl in _chunks(targets.shape[0], chunk_size)]
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        _keep(ctx, h, targets, w)
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        h, targets, w = _kept(ctx)
+        need = ctx.needs_input_grad
+        grad_h = torch.zeros_like(h) if need[0] else None
+        w_leaf = _leaf(w, need[2])
+        for sl in _chunks(targets.shape[0], ctx.chunk_size):
+            hc = _leaf(h[sl], need[0])
+            with torch.enable_grad():
+                logp = _logp(hc, targets[sl], w_leaf, ctx.temperature)
+            torch.autograd.backward(logp, grad[sl])
+            del logp
+            if grad_h is not None and hc.grad is not None:
+                grad_h[sl] = hc.grad
+        return grad_h, None, w_leaf.grad, None, None
+
+
+def _logp(h: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, temperature: float) -> torch.Tensor:
+    logits = _logits(h, w, temperature)
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
 
 
 def distill_head(
@@ -93,26 +231,19 @@ def distill_head(
         raise ValueError(f"support must be 'teacher' or 'student', got {support!r}")
     if h_student.shape != h_teacher.shape or h_student.shape[0] != targets.shape[0]:
         raise ValueError(f"shape mismatch: {tuple(h_student.shape)}, {tuple(h_teacher.shape)}, {tuple(targets.shape)}")
-    fn = partial(_chunk, top_m=top_m, support=support, tail_floor=tail_floor, temperature=temperature,
-                 divergence=divergence, divergence_coef=divergence_coef)  # fmt: skip
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (h_student, h_teacher, w_student, w_teacher))
-    parts = []
-    for start in range(0, targets.shape[0], chunk_size):
-        sl = slice(start, start + chunk_size)
-        args = (h_student[sl], h_teacher[sl], targets[sl], w_student, w_teacher)
-        parts.append(checkpoint(fn, *args, use_reentrant=False) if needs_grad else fn(*args))
-    if not parts:
+    spec = _Spec(top_m, support, tail_floor, temperature, divergence, divergence_coef, chunk_size)
+    if targets.shape[0] == 0:
         empty = h_student.new_zeros(0, dtype=torch.float32)
         return HeadOutputs(empty, empty, empty, empty)
-    kl, teacher_logp, student_logp, mass = (torch.cat(x) for x in zip(*parts, strict=True))
+    inputs = (h_student, h_teacher, w_student, w_teacher)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        kl, teacher_logp, student_logp, mass = _FusedDistillHead.apply(
+            spec, h_student, h_teacher, targets, w_student, w_teacher
+        )
+    else:
+        with torch.no_grad():
+            kl, teacher_logp, student_logp, mass, _, _ = _distill_chunks(spec, *inputs[:2], targets, *inputs[2:], False)
     return HeadOutputs(student_logp=student_logp, kl=kl, teacher_logp=teacher_logp, teacher_topm_mass=mass)
-
-
-def _logp_chunk(h: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    logits = _at_least_fp32(h @ w.T)
-    if temperature != 1.0:
-        logits = logits / temperature
-    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
 
 
 def token_logprobs(
@@ -122,9 +253,8 @@ def token_logprobs(
     p = softmax(logits / temperature)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    needs_grad = torch.is_grad_enabled() and (h.requires_grad or w.requires_grad)
-    parts = []
-    for start in range(0, targets.shape[0], chunk_size):
-        args = (h[start : start + chunk_size], targets[start : start + chunk_size], w, temperature)
-        parts.append(checkpoint(_logp_chunk, *args, use_reentrant=False) if needs_grad else _logp_chunk(*args))
-    return torch.cat(parts) if parts else h.new_zeros(0, dtype=torch.float32)
+    if targets.shape[0] == 0:
+        return h.new_zeros(0, dtype=torch.float32)
+    if torch.is_grad_enabled() and (h.requires_grad or w.requires_grad):
+        return _FusedLogp.apply(h, targets, w, temperature, chunk_size)
+    return torch.cat([_logp(h[sl], targets[sl], w, temperature) for sl in _chunks(targets.shape[0], chunk_size)])

@@ -13,7 +13,9 @@ import math
 import torch
 
 
-def topm_bucket_logprobs(logits: torch.Tensor, support: torch.Tensor, tail_floor: float | None = None) -> torch.Tensor:
+def topm_bucket_logprobs(
+    logits: torch.Tensor, support: torch.Tensor, tail_floor: float | None = None, lse: torch.Tensor | None = None
+) -> torch.Tensor:
     """Log-probabilities of the M+1 buckets (eq. 9): the M support ids, then one tail bucket with the rest.
     (When S covers the whole vocabulary there is no tail and M buckets are returned.)
 
@@ -21,8 +23,9 @@ def topm_bucket_logprobs(logits: torch.Tensor, support: torch.Tensor, tail_floor
     S, with no log of a difference and no clamp. `logits` [..., V], `support` [..., M] -> [..., M+1].
     `tail_floor` (a log-mass < 0, e.g. -1e-7) reproduces the reference code, which caps the support's log-mass
     at it, i.e. floors the tail at log(1 - exp(tail_floor)) (about -16.1 nats for -1e-7, no gradient there).
+    `lse` [..., 1]: the logits' logsumexp when the caller already has it (the fused head computes it once a side).
     """
-    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True) if lse is None else lse
     inside = logits.gather(-1, support) - lse
     if support.shape[-1] >= logits.shape[-1]:  # the support is the whole vocabulary: no tail bucket
         return inside

@@ -35,6 +35,7 @@ from lopd_core.envs.base import Suite, Task
 from lopd_core.evaluation.harness import ScriptedPolicy
 from lopd_core.loss_head import token_logprobs
 from lopd_core.methods import privileged_text, solution_text
+from lopd_core.optim import adamw
 from lopd_core.serialization import ChatSerializer, TokenView
 
 
@@ -126,7 +127,7 @@ def copy_pretrain(
     steps here, whereas demonstrations alone, where ids to copy are a few tokens per turn, did not teach it in
     600 steps (docs/study.md). Nothing about any task is in this data."""
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    optimizer = adamw(model.parameters(), lr=lr, weight_decay=0.0)
     losses = []
     model.requires_grad_(True)
     model.train()
@@ -219,7 +220,7 @@ def sft(
     forward = world.wrap(loss_of, shard_units=units)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]  # after sharding: FSDP's parameters
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
+    optimizer = adamw(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr
     )
     rng = random.Random(cfg.seed)

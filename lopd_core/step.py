@@ -43,6 +43,7 @@ from lopd_core.methods import (  # re-exported: the step's public vocabulary
     build_method,
 )
 from lopd_core.models import LOPDModels
+from lopd_core.optim import adamw
 from lopd_core.serialization import ChatSerializer, TokenBatch, aligned_action_positions
 
 __all__ = [
@@ -144,7 +145,7 @@ class TrainStep:
         units = decoder_layers(models.student) if cfg.sharded and self.world.active else None
         self.forward = self.world.wrap(_StepModule(models, self._losses), find_unused_parameters=True,
                                        shard_units=units)  # fmt: skip
-        self.optimizer = torch.optim.AdamW(  # after sharding: FSDP replaces the parameters by their shards
+        self.optimizer = adamw(  # after sharding: FSDP replaces the parameters by their shards
             [
                 {"params": models.student_parameters(), "lr": cfg.student_lr, "name": "student"},
                 {"params": models.composer_parameters(), "lr": cfg.composer_lr, "name": "composer"},

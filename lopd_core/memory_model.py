@@ -1,0 +1,251 @@
+"""A memory model of one train step: what a step's peak is made of, from the backbone's shape and the step's.
+
+    shape = StepShape(backbone=QWEN3_8B, method="lopd", tokens=16384, action_tokens=4096, ...)
+    p = predict_step(shape)     # p.weights, p.step_peak_excluding_weights, p.total, p.parts (bytes)
+
+The parts, for one step (the first: AdamW's moments are allocated at its end):
+- weights: the backbone (the teacher and the composer's encoder; the LoRA student's base) and, in full fine-tuning,
+  the student's own copy; under FSDP2 the student's layers are 1/W a rank, one layer gathered at a time; the root
+  (the backbone) is gathered for the whole step (docs/distributed.md).
+- activations kept for backward: `act_per_token_layer` floats per token per decoder layer, counted by
+  `layer_activation_floats` on the model's own code (saved-tensor hooks on one decoder layer), times the layers
+  and the tokens of every pass that back-propagates: the student; LOPD's latent teacher (its gradient reaches the
+  composer) and the composer's encoder over J experiences. With gradient checkpointing a layer keeps its input
+  ([T, d]) and one layer's activations are rebuilt at a time. A teacher without a gradient (OPSD, SDFT, SDPO,
+  Skill-SD, GRPO's reference) keeps nothing but its output hidden states.
+- the fused loss head: `HEAD_BUFFERS` fp32 [chunk, V] buffers at its peak (bench/loss_memory.py), plus [N, d]
+  hidden states and gradients.
+- gradients and AdamW's two moments of the trainable weights (the parameter dtype; 1/W under FSDP2).
+The step's peak is the larger of the backward's (activations + the head + what the backward rebuilds) and the
+optimizer's (gradients + moments). Validated on CPU against bench/step_memory.py (docs/distributed.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+
+HEAD_BUFFERS = 6  # fp32 [chunk, V] buffers live at the fused head's peak (bench/loss_memory.py)
+MODEL_BUFFERS = 4  # [T, d] tensors per pass outside the decoder layers (embeddings, final norm, last hidden, gather)
+
+
+@dataclass(frozen=True)
+class BackboneShape:
+    name: str
+    layers: int
+    hidden: int  # d
+    intermediate: int
+    vocab: int  # V
+    params: int  # every weight, embeddings included
+    act_per_token_layer: float  # floats saved for backward per token and decoder layer (layer_activation_floats)
+
+
+# The published configurations (each model's config.json), for projections without the weights: `backbone_shape`
+# counts their parameters on the meta device and their activations on one layer of transformers' code.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "Qwen3-4B": {"model_type": "qwen3", "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                 "tie_word_embeddings": True, "max_position_embeddings": 40960},
+    "Qwen3-8B": {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                 "tie_word_embeddings": False, "max_position_embeddings": 40960},
+    "SmolLM2-135M": {"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                     "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+                     "tie_word_embeddings": True, "max_position_embeddings": 8192},
+}  # fmt: skip
+
+
+def backbone_shape(name: str) -> BackboneShape:
+    """The BackboneShape of a model in CONFIGS, without its weights."""
+    if name not in CONFIGS:
+        raise ValueError(f"unknown backbone {name!r} (known: {', '.join(CONFIGS)}); shape_of(model) reads a loaded one")
+    return _backbone_shape(name)
+
+
+@functools.cache
+def _backbone_shape(name: str) -> BackboneShape:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = dict(CONFIGS[name])
+    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    with torch.device("meta"):
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    return BackboneShape(name, config.num_hidden_layers, config.hidden_size, config.intermediate_size,
+                         config.vocab_size, params, layer_activation_floats(config.to_dict()))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StepShape:
+    backbone: BackboneShape
+    method: str  # lopd (latent teacher with a gradient), grpo (no teacher), any other: a frozen text teacher
+    tokens: int  # T: the student's sequence (all records of the step together)
+    action_tokens: int  # N: supervised tokens, the loss head's rows
+    latent_tokens: int = 96  # J*K, in the latent teacher's sequence
+    encoder_tokens: int = 3072  # J x encoder_max_tokens, the composer's encoder pass (LOPD)
+    context_tokens: int | None = None  # the teacher's extra tokens over the student's (default: latent_tokens)
+    student: str = "lora"  # lora | full
+    trainable: int = 0  # the student's trainable parameters (LoRA: the adapter's; full: every weight)
+    composer: int = 0  # the composer's trainable parameters (encoder LoRA + QFormer)
+    checkpointing: bool = True
+    dtype_bytes: int = 4  # weights and activations: 4 fp32, 2 bf16
+    world_size: int = 1  # FSDP2 ranks (full fine-tuning); a LoRA student is replicated (DDP)
+    chunk_size: int = 1024  # the fused head's positions per chunk
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    parts: dict[str, float]  # bytes
+    weights: float
+    step_peak_excluding_weights: float  # what the step adds to memory at its peak
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.step_peak_excluding_weights
+
+
+def _pass_activations(s: StepShape, tokens: int, grad: bool) -> float:
+    """Bytes one backbone pass over `tokens` keeps for backward (0 without a gradient: only its output)."""
+    b, bb = s.dtype_bytes, s.backbone
+    out = MODEL_BUFFERS * tokens * bb.hidden * b
+    if not grad:
+        return out
+    if s.checkpointing:  # every layer's input, and one layer rebuilt in backward
+        return out + (bb.layers * bb.hidden + bb.act_per_token_layer) * tokens * b
+    return out + bb.layers * bb.act_per_token_layer * tokens * b
+
+
+def predict_step(s: StepShape) -> Prediction:
+    """The step's memory by part (bytes; see the module docstring)."""
+    if s.student not in ("lora", "full"):
+        raise ValueError(f"student must be 'lora' or 'full', got {s.student!r}")
+    if s.world_size < 1 or (s.world_size > 1 and s.student != "full"):
+        raise ValueError("world_size > 1 models FSDP2, which shards a full student; LoRA students are replicated")
+    b, bb, w = s.dtype_bytes, s.backbone, s.world_size
+    layer_params = (bb.params - bb.vocab * bb.hidden) / bb.layers  # one decoder layer, roughly
+    trainable = (bb.params if s.student == "full" else s.trainable) / w
+    weights = bb.params * b  # the backbone (teacher, encoder; the LoRA student's base), gathered for the step
+    if s.student == "full":
+        weights += (bb.params / w + (layer_params if w > 1 else 0)) * b  # the student's shard + one gathered layer
+    weights += s.composer * 4  # QFormer and LoRA adapters (kept in fp32)
+    latent = s.method == "lopd"
+    teacher_tokens = s.tokens + (s.latent_tokens if s.context_tokens is None else s.context_tokens)
+    parts = {
+        "student_activations": _pass_activations(s, s.tokens, True),
+        "teacher_activations": 0.0 if s.method == "grpo" else _pass_activations(s, teacher_tokens, latent),
+        "encoder_activations": _pass_activations(s, s.encoder_tokens, True) if latent else 0.0,
+        "loss_head": HEAD_BUFFERS * min(s.chunk_size, s.action_tokens) * bb.vocab * 4
+        + 4 * s.action_tokens * bb.hidden * b,
+        "backward_rebuild": 2 * bb.act_per_token_layer * max(s.tokens, teacher_tokens) * b,
+        "gradients": (trainable + s.composer) * b,
+        "adamw_moments": 2 * (trainable + s.composer) * b,
+    }
+    backward = sum(parts[k] for k in ("student_activations", "teacher_activations", "encoder_activations",
+                                      "loss_head", "backward_rebuild"))  # fmt: skip
+    optimizer = parts["gradients"] + parts["adamw_moments"]
+    return Prediction(parts, weights, max(backward + parts["gradients"] * (s.student == "lora"), optimizer))
+
+
+def largest_tokens(s: StepShape, budget_bytes: float, action_fraction: float = 0.25) -> int:
+    """The longest T (a multiple of 1024) whose predicted total fits `budget_bytes`; 0 when none does."""
+    best, t = 0, 1024
+    while t <= 1 << 20:
+        shape = replace(s, tokens=t, action_tokens=int(t * action_fraction))
+        if predict_step(shape).total > budget_bytes:
+            break
+        best, t = t, t + 1024
+    return best
+
+
+# ------------------------------------------------------------------------------------------ measured inputs
+
+
+def shape_of(model: torch.nn.Module) -> BackboneShape:
+    """The BackboneShape of a loaded Hugging Face causal LM (its activations counted on one of its layers)."""
+    c = model.config  # type: ignore[attr-defined]
+    return BackboneShape(
+        name=getattr(c, "_name_or_path", "") or c.model_type, layers=c.num_hidden_layers, hidden=c.hidden_size,
+        intermediate=c.intermediate_size, vocab=c.vocab_size, params=sum(p.numel() for p in model.parameters()),
+        act_per_token_layer=layer_activation_floats(c.to_dict()),
+    )  # fmt: skip
+
+
+def layer_activation_floats(config: dict[str, Any], lengths: tuple[int, int] = (128, 256)) -> float:
+    """Floats per token that one decoder layer saves for backward, counted on transformers' own code: a one-layer
+    copy of the model (a 64-token vocabulary) runs forward at two lengths under saved-tensor hooks; the count is the
+    slope of the distinct storages' bytes (weights and per-model buffers cancel)."""
+    return _layer_activation_floats(json.dumps(config, sort_keys=True, default=str), lengths)
+
+
+@functools.cache
+def _layer_activation_floats(config_json: str, lengths: tuple[int, int]) -> float:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = json.loads(config_json)
+    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    config = copy.deepcopy(config)
+    config.num_hidden_layers, config.vocab_size = 1, 64
+    config.layer_types = getattr(config, "layer_types", None) and config.layer_types[:1]
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    counts = []
+    for n in lengths:
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor, seen: dict[int, int] = seen) -> torch.Tensor:
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        embeds = torch.randn(1, n, config.hidden_size, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model.model(inputs_embeds=embeds, attention_mask=torch.ones(1, n, dtype=torch.long), use_cache=False)
+        counts.append(sum(seen.values()))
+    return (counts[1] - counts[0]) / (lengths[1] - lengths[0]) / 4
+
+
+# ------------------------------------------------------------------------------------------ measuring a peak
+
+
+class PeakMemory:
+    """The peak memory a block adds above what was live when it began, in bytes (`.peak` after the block).
+
+    CUDA: `max_memory_allocated` minus `memory_allocated` at the start. CPU (Linux): the resident high-water mark
+    (VmHWM) is reset at the start (`/proc/self/clear_refs`), so the figure is the block's own peak resident set
+    minus the resident set at its start, whatever the process held before (ru_maxrss alone would hide a block
+    that peaks below an earlier high-water mark, e.g. a model conversion)."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device, self.peak = device, 0
+
+    def __enter__(self) -> PeakMemory:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self._base = torch.cuda.memory_allocated()
+        else:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._base = _proc_status("VmRSS")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated() - self._base
+        else:
+            self.peak = _proc_status("VmHWM") - self._base
+
+
+def _proc_status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {key}: PeakMemory measures CPU memory on Linux only")
