@@ -66,14 +66,16 @@ def child(backbone: str, method: str, length: int, checkpointing: bool, student:
     traj = trajectory(turns)
     view = ser.student_view(traj)
     experience = "Task: other {j}\nTrace: " + FILLER * 4
+    retrieve = lambda task, task_id: [experience.format(j=j) for j in range(cfg.n_retrieved)]  # noqa: E731
     strategy, objective = build_method(
-        models, cfg, retrieve=lambda task, task_id: [experience.format(j=j) for j in range(cfg.n_retrieved)],
-        solutions=lambda task_id: FILLER * 4, skills=lambda task: [FILLER],
-    )  # fmt: skip
+        models, cfg, retrieve=retrieve, solutions=lambda task_id: FILLER * 4, skills=lambda task: [FILLER]
+    )
+    framed = models.composer.frame([traj.task], [retrieve(traj.task, traj.task_id)])  # the encoder's padded batch
+    encoder_tokens = len(framed) * min(cfg.encoder_max_tokens, max(len(tok(t)["input_ids"]) for t in framed))
     step = TrainStep(models, ser, strategy, objective, cfg)
     shape = StepShape(
         backbone=shape_of(model), method=method, tokens=len(view.input_ids), action_tokens=view.n_action_tokens,
-        latent_tokens=cfg.n_latents, encoder_tokens=cfg.n_retrieved * cfg.encoder_max_tokens,
+        latent_tokens=cfg.n_latents, encoder_tokens=encoder_tokens,
         context_tokens=len(ser.view(traj.messages, strategy.contexts([traj])[0]).input_ids) - len(view.input_ids)
         if method != "grpo" else 0,
         student=student, trainable=sum(p.numel() for p in models.student_parameters()),

@@ -81,28 +81,32 @@ def _leaf(x: torch.Tensor, grad: bool) -> torch.Tensor:
 
 
 def _distill_chunks(
-    spec: _Spec, h_s: torch.Tensor, h_t: torch.Tensor, targets: torch.Tensor, w_s: torch.Tensor, w_t: torch.Tensor,
-    keep_teacher_buckets: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """The head's values chunk by chunk: (kl, log pT(a), log pS(a), top-M mass, support ids, teacher buckets or
-    None). Call it without a graph: each chunk's logits are dropped before the next chunk."""
-    kls, t_logps, s_logps, masses, all_ids, all_bt = [], [], [], [], [], []
+    spec: _Spec, h_s: torch.Tensor, h_t: torch.Tensor, targets: torch.Tensor, w_s: torch.Tensor, w_t: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """The head's values chunk by chunk: (kl, log pT(a), log pS(a), top-M mass, support ids, student buckets,
+    teacher buckets). Call it without a graph: each chunk's logits are dropped before the next chunk."""
+    kls, t_logps, s_logps, masses, all_ids, all_bs, all_bt = [], [], [], [], [], [], []
     for sl in _chunks(targets.shape[0], spec.chunk_size):
-        logits_s, logits_t = _logits(h_s[sl], w_s, spec.temperature), _logits(h_t[sl], w_t, spec.temperature)
-        source = logits_t if spec.support == "teacher" else logits_s
-        ids = source.topk(min(spec.top_m, source.shape[-1]), dim=-1).indices
-        b_t, t_logp = _side(logits_t, ids, targets[sl], spec.tail_floor)
-        b_s, s_logp = _side(logits_s, ids, targets[sl], spec.tail_floor)
-        del logits_s, logits_t, source
+        # one side's [chunk, V] logits at a time: the side that chooses the support first
+        first, second = ((h_t, w_t), (h_s, w_s)) if spec.support == "teacher" else ((h_s, w_s), (h_t, w_t))
+        logits = _logits(first[0][sl], first[1], spec.temperature)
+        ids = logits.topk(min(spec.top_m, logits.shape[-1]), dim=-1).indices
+        b_first, logp_first = _side(logits, ids, targets[sl], spec.tail_floor)
+        del logits
+        b_second, logp_second = _side(_logits(second[0][sl], second[1], spec.temperature), ids, targets[sl],
+                                      spec.tail_floor)  # fmt: skip
+        if spec.support == "teacher":
+            (b_t, t_logp), (b_s, s_logp) = (b_first, logp_first), (b_second, logp_second)
+        else:
+            (b_s, s_logp), (b_t, t_logp) = (b_first, logp_first), (b_second, logp_second)
         kls.append(bucket_divergence(b_s, b_t, spec.divergence, spec.divergence_coef))
         t_logps.append(t_logp)
         s_logps.append(s_logp)
         masses.append(b_t[:, : ids.shape[-1]].exp().sum(-1))
         all_ids.append(ids)
-        if keep_teacher_buckets:
-            all_bt.append(b_t)
-    b_t_all = torch.cat(all_bt) if all_bt else None
-    return torch.cat(kls), torch.cat(t_logps), torch.cat(s_logps), torch.cat(masses), torch.cat(all_ids), b_t_all
+        all_bs.append(b_s)
+        all_bt.append(b_t)
+    return tuple(torch.cat(x) for x in (kls, t_logps, s_logps, masses, all_ids, all_bs, all_bt))
 
 
 def _keep(ctx: Any, *inputs: torch.Tensor) -> None:
@@ -123,16 +127,18 @@ def _kept(ctx: Any) -> tuple[torch.Tensor, ...]:
 
 
 class _FusedDistillHead(torch.autograd.Function):
-    """(kl, log pT(a), log pS(a), top-M mass) [N] each; backward recomputes chunk by chunk (module docstring)."""
+    """(kl, log pT(a), log pS(a), top-M mass) [N] each; backward recomputes chunk by chunk, one side at a time:
+    the divergence's gradient to both sides' bucket log-probabilities ([c, M+1], from the values saved in
+    forward), then the teacher's logits (only when it takes a gradient) and the student's, each freed before the
+    next, so one [chunk, V] graph is alive at a time."""
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, spec: _Spec, h_s: torch.Tensor, h_t: torch.Tensor, targets: torch.Tensor,
         w_s: torch.Tensor, w_t: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-        teacher_grad = ctx.needs_input_grad[2] or ctx.needs_input_grad[5]
-        kl, t_logp, s_logp, mass, ids, b_t = _distill_chunks(spec, h_s, h_t, targets, w_s, w_t, not teacher_grad)
-        ctx.spec, ctx.teacher_grad, ctx.ids, ctx.teacher_buckets = spec, teacher_grad, ids, b_t
+        kl, t_logp, s_logp, mass, ids, b_s, b_t = _distill_chunks(spec, h_s, h_t, targets, w_s, w_t)
+        ctx.spec, ctx.ids, ctx.buckets = spec, ids, (b_s, b_t)
         _keep(ctx, h_s, h_t, targets, w_s, w_t)
         ctx.mark_non_differentiable(mass)
         ctx.set_materialize_grads(False)
@@ -144,30 +150,39 @@ class _FusedDistillHead(torch.autograd.Function):
     ) -> tuple[Any, ...]:
         spec: _Spec = ctx.spec
         h_s, h_t, targets, w_s, w_t = _kept(ctx)
-        ids = ctx.ids
         need = ctx.needs_input_grad
         grad_h_s = torch.zeros_like(h_s) if need[1] else None
         grad_h_t = torch.zeros_like(h_t) if need[2] else None
         w_s_leaf, w_t_leaf = _leaf(w_s, need[4]), _leaf(w_t, need[5])
         for sl in _chunks(targets.shape[0], spec.chunk_size):
-            hs, ht = _leaf(h_s[sl], need[1]), _leaf(h_t[sl], need[2])
-            with torch.enable_grad():
-                if ctx.teacher_grad:
-                    b_t, t_logp = _side(_logits(ht, w_t_leaf, spec.temperature), ids[sl], targets[sl], spec.tail_floor)
-                else:
-                    b_t, t_logp = ctx.teacher_buckets[sl], None
-                b_s, s_logp = _side(_logits(hs, w_s_leaf, spec.temperature), ids[sl], targets[sl], spec.tail_floor)
-                kl = bucket_divergence(b_s, b_t, spec.divergence, spec.divergence_coef)
-                pairs = [(out, g[sl]) for out, g in ((kl, g_kl), (t_logp, g_t), (s_logp, g_s))
-                         if g is not None and out is not None and out.requires_grad]  # fmt: skip
-            if pairs:
-                torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
-            del b_t, t_logp, b_s, s_logp, kl, pairs
-            if grad_h_s is not None and hs.grad is not None:
-                grad_h_s[sl] = hs.grad
-            if grad_h_t is not None and ht.grad is not None:
-                grad_h_t[sl] = ht.grad
+            g_bs = g_bt = None
+            if g_kl is not None:  # d kl / d buckets, both sides, from the saved bucket values
+                b_s, b_t = (_leaf(b[sl], True) for b in ctx.buckets)
+                with torch.enable_grad():
+                    kl = bucket_divergence(b_s, b_t, spec.divergence, spec.divergence_coef)
+                g_bs, g_bt = torch.autograd.grad(kl, (b_s, b_t), g_kl[sl])
+            if need[2] or need[5]:  # the teacher's side, then the student's: one [chunk, V] graph at a time
+                _side_backward(spec, h_t, w_t_leaf, grad_h_t, ctx.ids, targets, sl, g_bt, g_t)
+            if need[1] or need[4]:
+                _side_backward(spec, h_s, w_s_leaf, grad_h_s, ctx.ids, targets, sl, g_bs, g_s)
         return None, grad_h_s, grad_h_t, None, w_s_leaf.grad, w_t_leaf.grad
+
+
+def _side_backward(
+    spec: _Spec, h: torch.Tensor, w_leaf: torch.Tensor, grad_h: torch.Tensor | None, ids: torch.Tensor,
+    targets: torch.Tensor, sl: slice, g_buckets: torch.Tensor | None, g_logp: torch.Tensor | None,
+) -> None:  # fmt: skip
+    """Recompute one side's chunk of logits and back-propagate its buckets' and log p(a)'s gradients into
+    grad_h[sl] and w_leaf.grad; the chunk's graph is freed on return."""
+    outs = [(o, g) for o, g in ((0, g_buckets), (1, None if g_logp is None else g_logp[sl])) if g is not None]
+    if not outs:
+        return
+    h_leaf = _leaf(h[sl], grad_h is not None)
+    with torch.enable_grad():
+        values = _side(_logits(h_leaf, w_leaf, spec.temperature), ids[sl], targets[sl], spec.tail_floor)
+    torch.autograd.backward([values[i] for i, _ in outs], [g for _, g in outs])
+    if grad_h is not None:
+        grad_h[sl] = h_leaf.grad
 
 
 class _FusedLogp(torch.autograd.Function):
@@ -242,7 +257,7 @@ def distill_head(
         )
     else:
         with torch.no_grad():
-            kl, teacher_logp, student_logp, mass, _, _ = _distill_chunks(spec, *inputs[:2], targets, *inputs[2:], False)
+            kl, teacher_logp, student_logp, mass, *_ = _distill_chunks(spec, *inputs[:2], targets, *inputs[2:])
     return HeadOutputs(student_logp=student_logp, kl=kl, teacher_logp=teacher_logp, teacher_topm_mass=mass)
 
 

@@ -7,10 +7,11 @@ The parts, for one step (the first: AdamW's moments are allocated at its end):
 - weights: the backbone (the teacher and the composer's encoder; the LoRA student's base) and, in full fine-tuning,
   the student's own copy; under FSDP2 the student's layers are 1/W a rank, one layer gathered at a time; the root
   (the backbone) is gathered for the whole step (docs/distributed.md).
-- activations kept for backward: `act_per_token_layer` floats per token per decoder layer, counted by
-  `layer_activation_floats` on the model's own code (saved-tensor hooks on one decoder layer), times the layers
-  and the tokens of every pass that back-propagates: the student; LOPD's latent teacher (its gradient reaches the
-  composer) and the composer's encoder over J experiences. With gradient checkpointing a layer keeps its input
+- activations kept for backward: floats per token per decoder layer, counted by `layer_activation_floats` on the
+  model's own code (saved-tensor hooks on one decoder layer) for what takes a gradient there (every weight, LoRA
+  adapters, or only the input: a frozen linear keeps no input), times the layers and the tokens of every pass that
+  back-propagates: the student; LOPD's latent teacher (frozen, its gradient reaches the composer's latents) and the
+  composer's encoder (LoRA) over J experiences. With gradient checkpointing a layer keeps its input
   ([T, d]) and one layer's activations are rebuilt at a time. A teacher without a gradient (OPSD, SDFT, SDPO,
   Skill-SD, GRPO's reference) keeps nothing but its output hidden states.
 - the fused loss head: `HEAD_BUFFERS` fp32 [chunk, V] buffers at its peak (bench/loss_memory.py), plus [N, d]
@@ -42,7 +43,13 @@ class BackboneShape:
     intermediate: int
     vocab: int  # V
     params: int  # every weight, embeddings included
-    act_per_token_layer: float  # floats saved for backward per token and decoder layer (layer_activation_floats)
+    # floats a decoder layer saves for backward per token (layer_activation_floats), by what takes a gradient:
+    act_full: float  # every weight (a fully fine-tuned student)
+    act_lora: float  # LoRA adapters on a frozen base (a LoRA student, the composer's encoder)
+    act_frozen: float  # no weight, only the input (the latent teacher: its gradient reaches the composer's latents)
+
+    def act(self, trainable: str) -> float:
+        return {"all": self.act_full, "lora": self.act_lora, "none": self.act_frozen}[trainable]
 
 
 # The published configurations (each model's config.json), for projections without the weights: `backbone_shape`
@@ -75,8 +82,9 @@ def _backbone_shape(name: str) -> BackboneShape:
     config = AutoConfig.for_model(raw.pop("model_type"), **raw)
     with torch.device("meta"):
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    acts = (layer_activation_floats(config.to_dict(), trainable) for trainable in ("all", "lora", "none"))
     return BackboneShape(name, config.num_hidden_layers, config.hidden_size, config.intermediate_size,
-                         config.vocab_size, params, layer_activation_floats(config.to_dict()))  # fmt: skip
+                         config.vocab_size, params, *acts)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -111,15 +119,16 @@ class Prediction:
         return self.weights + self.step_peak_excluding_weights
 
 
-def _pass_activations(s: StepShape, tokens: int, grad: bool) -> float:
-    """Bytes one backbone pass over `tokens` keeps for backward (0 without a gradient: only its output)."""
+def _pass_activations(s: StepShape, tokens: int, trainable: str | None) -> float:
+    """Bytes one backbone pass over `tokens` keeps for backward; `trainable` all | lora | none (only the input
+    takes a gradient) | None (no gradient at all: only its output hidden states)."""
     b, bb = s.dtype_bytes, s.backbone
     out = MODEL_BUFFERS * tokens * bb.hidden * b
-    if not grad:
+    if trainable is None:
         return out
     if s.checkpointing:  # every layer's input, and one layer rebuilt in backward
-        return out + (bb.layers * bb.hidden + bb.act_per_token_layer) * tokens * b
-    return out + bb.layers * bb.act_per_token_layer * tokens * b
+        return out + (bb.layers * bb.hidden + bb.act(trainable)) * tokens * b
+    return out + bb.layers * bb.act(trainable) * tokens * b
 
 
 def predict_step(s: StepShape) -> Prediction:
@@ -134,16 +143,18 @@ def predict_step(s: StepShape) -> Prediction:
     weights = bb.params * b  # the backbone (teacher, encoder; the LoRA student's base), gathered for the step
     if s.student == "full":
         weights += (bb.params / w + (layer_params if w > 1 else 0)) * b  # the student's shard + one gathered layer
-    weights += s.composer * 4  # QFormer and LoRA adapters (kept in fp32)
+    weights += 2 * s.composer * b  # the trainable composer and its frozen cold-start copy (the anchor)
     latent = s.method == "lopd"
     teacher_tokens = s.tokens + (s.latent_tokens if s.context_tokens is None else s.context_tokens)
     parts = {
-        "student_activations": _pass_activations(s, s.tokens, True),
-        "teacher_activations": 0.0 if s.method == "grpo" else _pass_activations(s, teacher_tokens, latent),
-        "encoder_activations": _pass_activations(s, s.encoder_tokens, True) if latent else 0.0,
+        "student_activations": _pass_activations(s, s.tokens, "all" if s.student == "full" else "lora"),
+        "teacher_activations": 0.0
+        if s.method == "grpo"
+        else _pass_activations(s, teacher_tokens, "none" if latent else None),
+        "encoder_activations": _pass_activations(s, s.encoder_tokens, "lora") if latent else 0.0,
         "loss_head": HEAD_BUFFERS * min(s.chunk_size, s.action_tokens) * bb.vocab * 4
         + 4 * s.action_tokens * bb.hidden * b,
-        "backward_rebuild": 2 * bb.act_per_token_layer * max(s.tokens, teacher_tokens) * b,
+        "backward_rebuild": 2 * bb.act_full * max(s.tokens, teacher_tokens) * b,
         "gradients": (trainable + s.composer) * b,
         "adamw_moments": 2 * (trainable + s.composer) * b,
     }
@@ -173,19 +184,25 @@ def shape_of(model: torch.nn.Module) -> BackboneShape:
     return BackboneShape(
         name=getattr(c, "_name_or_path", "") or c.model_type, layers=c.num_hidden_layers, hidden=c.hidden_size,
         intermediate=c.intermediate_size, vocab=c.vocab_size, params=sum(p.numel() for p in model.parameters()),
-        act_per_token_layer=layer_activation_floats(c.to_dict()),
+        **dict(zip(("act_full", "act_lora", "act_frozen"),
+                   (layer_activation_floats(c.to_dict(), t) for t in ("all", "lora", "none")), strict=True)),
     )  # fmt: skip
 
 
-def layer_activation_floats(config: dict[str, Any], lengths: tuple[int, int] = (128, 256)) -> float:
+def layer_activation_floats(
+    config: dict[str, Any], trainable: str = "all", lengths: tuple[int, int] = (128, 256)
+) -> float:
     """Floats per token that one decoder layer saves for backward, counted on transformers' own code: a one-layer
     copy of the model (a 64-token vocabulary) runs forward at two lengths under saved-tensor hooks; the count is the
-    slope of the distinct storages' bytes (weights and per-model buffers cancel)."""
-    return _layer_activation_floats(json.dumps(config, sort_keys=True, default=str), lengths)
+    slope of the distinct storages' bytes (weights and per-model buffers cancel). `trainable`: all (every weight
+    takes a gradient), lora (our LoRA adapters, `LoraSpec()`, on a frozen base) or none (only the input does)."""
+    if trainable not in ("all", "lora", "none"):
+        raise ValueError(f"trainable must be all, lora or none, got {trainable!r}")
+    return _layer_activation_floats(json.dumps(config, sort_keys=True, default=str), trainable, lengths)
 
 
 @functools.cache
-def _layer_activation_floats(config_json: str, lengths: tuple[int, int]) -> float:
+def _layer_activation_floats(config_json: str, trainable: str, lengths: tuple[int, int]) -> float:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     raw = json.loads(config_json)
@@ -194,6 +211,13 @@ def _layer_activation_floats(config_json: str, lengths: tuple[int, int]) -> floa
     config.num_hidden_layers, config.vocab_size = 1, 64
     config.layer_types = getattr(config, "layer_types", None) and config.layer_types[:1]
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if trainable != "all":
+        model.requires_grad_(False)
+    if trainable == "lora":
+        from lopd_core.adapters import add_lora
+        from lopd_core.config import LoraSpec
+
+        add_lora(model, "student", LoraSpec())
     counts = []
     for n in lengths:
         seen: dict[int, int] = {}

@@ -20,7 +20,8 @@ from lopd_core.memory_model import (
     predict_step,
 )
 
-TOY = BackboneShape("toy", layers=2, hidden=8, intermediate=16, vocab=100, params=1000, act_per_token_layer=50.0)
+TOY = BackboneShape("toy", layers=2, hidden=8, intermediate=16, vocab=100, params=1000, act_full=50.0, act_lora=40.0,
+                    act_frozen=30.0)  # fmt: skip
 
 
 def test_smollm2_layer_saves_what_a_hand_count_gives():
@@ -29,6 +30,10 @@ def test_smollm2_layer_saves_what_a_hand_count_gives():
     kv heads (2 x 192), the rotary cos and sin (2 x 64), the attention's logsumexp per head (9) and 3 RMS scales."""
     hand = 4 * 1536 + 10 * 576 + 2 * 192 + 2 * 64 + 9 + 3
     assert layer_activation_floats(dict(CONFIGS["SmolLM2-135M"])) == hand == 12428
+    # a frozen linear keeps no input: LoRA keeps its adapters' inputs and ranks, a frozen layer only what the
+    # gradient to its input needs
+    lora, frozen = (layer_activation_floats(dict(CONFIGS["SmolLM2-135M"]), t) for t in ("lora", "none"))
+    assert frozen < lora < hand
 
 
 def test_backbone_shapes_count_the_published_parameters():
@@ -43,18 +48,18 @@ def test_parts_by_hand():
                   trainable=20, composer=30, checkpointing=False, dtype_bytes=4, chunk_size=3)  # fmt: skip
     p = predict_step(s)
     out = lambda t: MODEL_BUFFERS * t * 8 * 4  # noqa: E731
-    assert p.parts["student_activations"] == out(10) + 2 * 50 * 10 * 4
-    assert p.parts["teacher_activations"] == out(12) + 2 * 50 * 12 * 4  # the latent teacher back-propagates
-    assert p.parts["encoder_activations"] == out(6) + 2 * 50 * 6 * 4
+    assert p.parts["student_activations"] == out(10) + 2 * 40 * 10 * 4  # a LoRA student
+    assert p.parts["teacher_activations"] == out(12) + 2 * 30 * 12 * 4  # frozen, back-propagating into its latents
+    assert p.parts["encoder_activations"] == out(6) + 2 * 40 * 6 * 4  # the encoder's LoRA
     assert p.parts["loss_head"] == HEAD_BUFFERS * 3 * 100 * 4 + 4 * 4 * 8 * 4
     assert p.parts["gradients"] == 50 * 4 and p.parts["adamw_moments"] == 2 * 50 * 4
-    assert p.weights == 1000 * 4 + 30 * 4
+    assert p.weights == 1000 * 4 + 2 * 30 * 4
     backward = sum(p.parts[k] for k in ("student_activations", "teacher_activations", "encoder_activations",
                                         "loss_head", "backward_rebuild"))  # fmt: skip
     assert p.step_peak_excluding_weights == backward + 50 * 4
     # checkpointing keeps one [T, d] input a layer and rebuilds one layer
     on = predict_step(StepShape(**{**s.__dict__, "checkpointing": True}))
-    assert on.parts["student_activations"] == out(10) + (2 * 8 + 50) * 10 * 4
+    assert on.parts["student_activations"] == out(10) + (2 * 8 + 40) * 10 * 4
     # a frozen text teacher keeps its output only; GRPO has none and no encoder
     opsd = predict_step(StepShape(**{**s.__dict__, "method": "opsd", "context_tokens": 5}))
     assert opsd.parts["teacher_activations"] == out(15) and opsd.parts["encoder_activations"] == 0
@@ -64,6 +69,7 @@ def test_parts_by_hand():
 def test_full_fine_tuning_and_fsdp():
     s = StepShape(TOY, "opsd", tokens=10, action_tokens=4, student="full", checkpointing=True, world_size=1)
     p = predict_step(s)
+    assert p.parts["student_activations"] == MODEL_BUFFERS * 10 * 8 * 4 + (2 * 8 + 50) * 10 * 4  # every weight
     assert p.weights == 2 * 1000 * 4  # the frozen teacher and the student's copy
     assert p.parts["gradients"] == 1000 * 4 and p.parts["adamw_moments"] == 2 * 1000 * 4
     sharded = predict_step(StepShape(**{**s.__dict__, "world_size": 4}))
