@@ -61,10 +61,12 @@ def main() -> None:
         bb = backbone_shape(name)
         lora, composer = trainable_counts(name, cfg)
         for student, world in (("lora", 1), ("full", 1), ("full", 8)):
-            base = StepShape(bb, "lopd", tokens=args.lengths[0], action_tokens=0, latent_tokens=cfg.n_latents,
-                             encoder_tokens=cfg.n_retrieved * cfg.encoder_max_tokens, student=student,
-                             trainable=lora if student == "lora" else bb.params, composer=composer,
-                             checkpointing=True, dtype_bytes=2, world_size=world, chunk_size=cfg.head_chunk_size)  # fmt: skip
+            base = StepShape(
+                bb, "lopd", tokens=args.lengths[0], action_tokens=0, latent_tokens=cfg.n_latents,
+                encoder_tokens=cfg.n_retrieved * cfg.encoder_max_tokens, student=student, composer=composer,
+                trainable=lora if student == "lora" else bb.params, checkpointing=True, dtype_bytes=2,
+                world_size=world, chunk_size=cfg.head_chunk_size, device="cuda",
+            )  # fmt: skip
             row = {"backbone": name, "student": student, "gpus": world, "largest_tokens": 0, "cells": {}}
             for T in args.lengths:
                 p = predict_step(replace(base, tokens=T, action_tokens=int(T * args.action_fraction)))

@@ -12,6 +12,7 @@ bench prints what `lopd_core.memory_model.predict_step` predicts for the same sh
     python bench/step_memory.py --backbone smollm2-135m --methods lopd opsd grpo --lengths 2048 4096
     python bench/step_memory.py --backbone tiny                      # the tiny backbone, L = 2k, 8k, 16k
     python bench/step_memory.py --from-json runs.jsonl               # the table again from saved rows
+    python bench/step_memory.py --backbone smollm2-135m --device cuda --dtype bfloat16 --lengths 2048 8192 16384
 Prints one JSON object per run (also appended to --out), then a Markdown table. A bench: nothing asserts.
 """
 
@@ -42,7 +43,10 @@ def trajectory(n_turns: int):  # type: ignore[no-untyped-def]
     return Trajectory("t0", "bank", "Reconcile the ledger.", msgs, reward=1.0)
 
 
-def child(backbone: str, method: str, length: int, checkpointing: bool, student: str, device: str) -> None:
+def child(
+    backbone: str, method: str, length: int, checkpointing: bool, student: str, device: str,
+    chunk: int = 1024, dtype: str = "float32",
+) -> None:  # fmt: skip
     from lopd_core.backbone import load_backbone
     from lopd_core.config import LOPDConfig
     from lopd_core.memory_model import PeakMemory, StepShape, predict_step, shape_of
@@ -52,11 +56,11 @@ def child(backbone: str, method: str, length: int, checkpointing: bool, student:
     from lopd_core.step import TrainStep
 
     torch.manual_seed(0)
-    model, tok = load_backbone(backbone)
+    model, tok = load_backbone(backbone, getattr(torch, dtype))
     model.config.max_position_embeddings = max(model.config.max_position_embeddings, 2 * length)
     model.to(device)
     cfg = LOPDConfig(method=method, n_queries=4, qformer_layers=2, encoder_max_tokens=128, max_seq_len=2 * length,
-                     gradient_checkpointing=checkpointing, student_mode=student)  # fmt: skip
+                     gradient_checkpointing=checkpointing, student_mode=student, head_chunk_size=chunk)  # fmt: skip
     models = build_models(model, tok, cfg)
     ser = ChatSerializer(tok, cfg.max_seq_len)
     n10, n20 = (len(ser.student_view(trajectory(n)).input_ids) for n in (10, 20))
@@ -80,7 +84,7 @@ def child(backbone: str, method: str, length: int, checkpointing: bool, student:
         if method != "grpo" else 0,
         student=student, trainable=sum(p.numel() for p in models.student_parameters()),
         composer=sum(p.numel() for p in models.composer_parameters()), checkpointing=checkpointing,
-        dtype_bytes=next(model.parameters()).element_size(), chunk_size=cfg.head_chunk_size,
+        dtype_bytes=next(model.parameters()).element_size(), chunk_size=cfg.head_chunk_size, device=device,
     )  # fmt: skip
     t0 = time.perf_counter()
     with PeakMemory(device) as measured:
@@ -89,16 +93,29 @@ def child(backbone: str, method: str, length: int, checkpointing: bool, student:
     predicted = predict_step(shape)
     print(json.dumps({"backbone": backbone, "method": method, "length": length, "student_tokens": len(view.input_ids),
                       "action_tokens": view.n_action_tokens, "gradient_checkpointing": checkpointing,
-                      "student": student, "peak_mb": round(peak / 2**20, 1),
+                      "student": student, "chunk": chunk, "dtype": dtype, "peak_mb": round(peak / 2**20, 1),
                       "predicted_mb": round(predicted.step_peak_excluding_weights / 2**20, 1),
                       "shape": shape.as_dict(), "step_s": round(seconds, 2), "updated": metrics["updated"],
                       "device": device}))  # fmt: skip
 
 
+def predicted_mb(row: dict) -> float:
+    """The current memory model's prediction for a saved row's shape (MiB, what the step adds)."""
+    from lopd_core.memory_model import BackboneShape, StepShape, predict_step
+
+    shape = dict(row["shape"], backbone=BackboneShape(**row["shape"]["backbone"]))
+    return predict_step(StepShape(**shape)).step_peak_excluding_weights / 2**20
+
+
 def table(rows: list[dict]) -> None:
+    for r in rows:
+        if "shape" in r:
+            r["predicted_mb"] = round(predicted_mb(r), 1)
     print("\n| backbone | method | student | L (student tokens) | action tokens | checkpointing | measured peak | "
           "model | model / measured |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     for r in rows:
+        if r.get("chunk", 1024) != 1024:
+            r = dict(r, method=f"{r['method']} (head chunk {r['chunk']})")
         if "error" in r:
             print(f"| {r['backbone']} | {r['method']} | {r['student']} | {r['length']} | - | "
                   f"{'on' if r['gradient_checkpointing'] else 'off'} | {r['error']} | - | - |")  # fmt: skip
@@ -119,14 +136,17 @@ def main() -> None:
     ap.add_argument("--checkpointing", nargs="+", default=["off", "on"], choices=["off", "on"])
     ap.add_argument("--student", default="lora", choices=["lora", "full"])
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", help="the backbone's dtype (bfloat16 on a GPU)")
+    ap.add_argument("--chunk", type=int, default=1024, help="lopd.head_chunk_size")
     ap.add_argument("--out", type=Path, help="append each run's JSON row to this file")
     ap.add_argument("--from-json", type=Path, help="print the table of saved rows (one JSON per line), run nothing")
-    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.child:
-        method, length, ckpt, student, backbone = args.child
-        child(backbone, method, int(length), ckpt == "on", student, args.device)
+        method, length, ckpt, student, backbone, *rest = args.child
+        chunk, dtype = (int(rest[0]), rest[1]) if rest else (1024, "float32")
+        child(backbone, method, int(length), ckpt == "on", student, args.device, chunk, dtype)
         return
     if args.from_json:
         rows = [json.loads(line) for line in args.from_json.read_text().splitlines() if line.strip()]
@@ -137,14 +157,21 @@ def main() -> None:
         for length in args.lengths:
             for ckpt in args.checkpointing:
                 cmd = [sys.executable, __file__, "--device", args.device, "--child", method, str(length), ckpt,
-                       args.student, args.backbone]  # fmt: skip
+                       args.student, args.backbone, str(args.chunk), args.dtype]  # fmt: skip
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if proc.returncode == 0:
                     row = json.loads(proc.stdout.strip().splitlines()[-1])
                 else:  # e.g. killed for memory: said, not skipped
                     tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-                    row = {"backbone": args.backbone, "method": method, "length": length, "student": args.student,
-                           "gradient_checkpointing": ckpt == "on", "error": tail[:120]}  # fmt: skip
+                    row = {
+                        "backbone": args.backbone,
+                        "method": method,
+                        "length": length,
+                        "student": args.student,
+                        "gradient_checkpointing": ckpt == "on",
+                        "chunk": args.chunk,
+                        "error": tail[:100],
+                    }
                 print(json.dumps(row), flush=True)
                 if args.out:
                     with args.out.open("a") as f:

@@ -11,13 +11,17 @@ The parts, for one step (the first: AdamW's moments are allocated at its end):
   model's own code (saved-tensor hooks on one decoder layer) for what takes a gradient there (every weight, LoRA
   adapters, or only the input: a frozen linear keeps no input), times the layers and the tokens of every pass that
   back-propagates: the student; LOPD's latent teacher (frozen, its gradient reaches the composer's latents) and the
-  composer's encoder (LoRA) over J experiences. With gradient checkpointing a layer keeps its input
-  ([T, d]) and one layer's activations are rebuilt at a time. A teacher without a gradient (OPSD, SDFT, SDPO,
-  Skill-SD, GRPO's reference) keeps nothing but its output hidden states.
-- the fused loss head: `HEAD_BUFFERS` fp32 [chunk, V] buffers at its peak (bench/loss_memory.py), plus [N, d]
-  hidden states and gradients.
+  composer's encoder (LoRA) over J experiences. With gradient checkpointing a layer keeps its input ([T, d]) only.
+  A teacher without a gradient (OPSD, SDFT, SDPO, Skill-SD, GRPO's reference) keeps its output hidden states.
+- the fused loss head: `HEAD_BUFFERS` fp32 [chunk, V] buffers at its peak (measured by bench/loss_memory.py; more
+  when the teacher takes a gradient), plus [N, d] hidden states and gradients.
+- with checkpointing, one layer's activations rebuilt in its backward (the largest pass's). The head's backward
+  runs before the layers', so the larger of the two counts, not both. (A layer's gradient temporaries stay within
+  the model's error: adding half a layer's activations for them made the tiny backbone's 8k and 16k points worse.)
+- on CPU, a LoRA student's first step's one-time allocations (`RUNTIME_FRACTION` of the backbone's weight bytes);
+  on CUDA the context and the allocator's slack are left to the caller (bench/memory_projection.py keeps 3 GB).
 - gradients and AdamW's two moments of the trainable weights (the parameter dtype; 1/W under FSDP2).
-The step's peak is the larger of the backward's (activations + the head + what the backward rebuilds) and the
+The step's peak is the larger of the backward's (kept activations + head or layer backward + gradients) and the
 optimizer's (gradients + moments). Validated on CPU against bench/step_memory.py (docs/distributed.md).
 """
 
@@ -31,7 +35,13 @@ from typing import Any
 
 import torch
 
-HEAD_BUFFERS = 6  # fp32 [chunk, V] buffers live at the fused head's peak (bench/loss_memory.py)
+# fp32 [chunk, V] buffers live at the fused head's peak, by its teacher (bench/loss_memory.py at T = 4096, V = 49152,
+# chunk 1024: 1.286 / 1.076 / 0.871 GB for lopd / opsd / grpo)
+HEAD_BUFFERS = {"latent": 6.4, "frozen": 5.35, "none": 4.35}
+# a LoRA student's first step's one-time allocations on CPU, per byte of backbone weights: 307 MiB stay after
+# SmolLM2's first step beyond its gradients and AdamW moments, 0.6 of its 513 MiB of weights; a second step adds
+# none, and a full student's first step keeps nothing beyond its tensors (cause not found)
+RUNTIME_FRACTION = 0.6
 MODEL_BUFFERS = 4  # [T, d] tensors per pass outside the decoder layers (embeddings, final norm, last hidden, gather)
 
 
@@ -97,12 +107,13 @@ class StepShape:
     encoder_tokens: int = 3072  # J x encoder_max_tokens, the composer's encoder pass (LOPD)
     context_tokens: int | None = None  # the teacher's extra tokens over the student's (default: latent_tokens)
     student: str = "lora"  # lora | full
-    trainable: int = 0  # the student's trainable parameters (LoRA: the adapter's; full: every weight)
+    trainable: int = 0  # the student's trainable parameters (LoRA: the adapter's; full: 0 = every weight)
     composer: int = 0  # the composer's trainable parameters (encoder LoRA + QFormer)
     checkpointing: bool = True
     dtype_bytes: int = 4  # weights and activations: 4 fp32, 2 bf16
     world_size: int = 1  # FSDP2 ranks (full fine-tuning); a LoRA student is replicated (DDP)
     chunk_size: int = 1024  # the fused head's positions per chunk
+    device: str = "cpu"  # cpu: a first step's one-time allocations count (RUNTIME_FRACTION); cuda: they do not
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,16 +130,15 @@ class Prediction:
         return self.weights + self.step_peak_excluding_weights
 
 
-def _pass_activations(s: StepShape, tokens: int, trainable: str | None) -> float:
-    """Bytes one backbone pass over `tokens` keeps for backward; `trainable` all | lora | none (only the input
-    takes a gradient) | None (no gradient at all: only its output hidden states)."""
+def _saved(s: StepShape, tokens: int, trainable: str | None) -> float:
+    """Bytes one backbone pass over `tokens` keeps until its backward; `trainable` all | lora | none (only the
+    input takes a gradient) | None (no gradient at all: only its output hidden states)."""
     b, bb = s.dtype_bytes, s.backbone
     out = MODEL_BUFFERS * tokens * bb.hidden * b
     if trainable is None:
         return out
-    if s.checkpointing:  # every layer's input, and one layer rebuilt in backward
-        return out + (bb.layers * bb.hidden + bb.act(trainable)) * tokens * b
-    return out + bb.layers * bb.act(trainable) * tokens * b
+    per_layer = bb.hidden if s.checkpointing else bb.act(trainable)  # checkpointing: each layer keeps its input
+    return out + bb.layers * per_layer * tokens * b
 
 
 def predict_step(s: StepShape) -> Prediction:
@@ -139,29 +149,32 @@ def predict_step(s: StepShape) -> Prediction:
         raise ValueError("world_size > 1 models FSDP2, which shards a full student; LoRA students are replicated")
     b, bb, w = s.dtype_bytes, s.backbone, s.world_size
     layer_params = (bb.params - bb.vocab * bb.hidden) / bb.layers  # one decoder layer, roughly
-    trainable = (bb.params if s.student == "full" else s.trainable) / w
+    trainable = (s.trainable or (bb.params if s.student == "full" else 0)) / w  # full: every weight by default
     weights = bb.params * b  # the backbone (teacher, encoder; the LoRA student's base), gathered for the step
     if s.student == "full":
         weights += (bb.params / w + (layer_params if w > 1 else 0)) * b  # the student's shard + one gathered layer
     weights += 2 * s.composer * b  # the trainable composer and its frozen cold-start copy (the anchor)
     latent = s.method == "lopd"
+    head = "none" if s.method == "grpo" else "latent" if latent else "frozen"
     teacher_tokens = s.tokens + (s.latent_tokens if s.context_tokens is None else s.context_tokens)
+    student_mode = "all" if s.student == "full" else "lora"
+    passes = [(s.tokens, student_mode)] + ([(teacher_tokens, "none"), (s.encoder_tokens, "lora")] if latent else [])
     parts = {
-        "student_activations": _pass_activations(s, s.tokens, "all" if s.student == "full" else "lora"),
-        "teacher_activations": 0.0
-        if s.method == "grpo"
-        else _pass_activations(s, teacher_tokens, "none" if latent else None),
-        "encoder_activations": _pass_activations(s, s.encoder_tokens, "lora") if latent else 0.0,
-        "loss_head": HEAD_BUFFERS * min(s.chunk_size, s.action_tokens) * bb.vocab * 4
+        "student_activations": _saved(s, s.tokens, student_mode),
+        "teacher_activations": 0.0 if s.method == "grpo" else _saved(s, teacher_tokens, "none" if latent else None),
+        "encoder_activations": _saved(s, s.encoder_tokens, "lora") if latent else 0.0,
+        "loss_head": HEAD_BUFFERS[head] * min(s.chunk_size, s.action_tokens) * bb.vocab * 4
         + 4 * s.action_tokens * bb.hidden * b,
-        "backward_rebuild": 2 * bb.act_full * max(s.tokens, teacher_tokens) * b,
+        "layer_rebuild": s.checkpointing * max(bb.act(mode) * n * b for n, mode in passes),
         "gradients": (trainable + s.composer) * b,
         "adamw_moments": 2 * (trainable + s.composer) * b,
+        "runtime": RUNTIME_FRACTION * bb.params * b if s.device == "cpu" and s.student == "lora" else 0.0,
     }
-    backward = sum(parts[k] for k in ("student_activations", "teacher_activations", "encoder_activations",
-                                      "loss_head", "backward_rebuild"))  # fmt: skip
+    saved = parts["student_activations"] + parts["teacher_activations"] + parts["encoder_activations"]
+    # the head's backward runs first, then the layers': their buffers are never alive together
+    backward = saved + max(parts["loss_head"], parts["layer_rebuild"]) + parts["gradients"]
     optimizer = parts["gradients"] + parts["adamw_moments"]
-    return Prediction(parts, weights, max(backward + parts["gradients"] * (s.student == "lora"), optimizer))
+    return Prediction(parts, weights, max(backward, optimizer) + parts["runtime"])
 
 
 def largest_tokens(s: StepShape, budget_bytes: float, action_fraction: float = 0.25) -> int:
