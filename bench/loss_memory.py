@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 
 import torch
+
+from lopd_core.memory_model import measuring_env
 
 CASES = ("lopd", "opsd", "grpo", "grpo_kl")
 
@@ -75,16 +76,10 @@ def child(kind: str, case: str, T: int, V: int, d: int, chunk: int, dtype: str, 
 def measure(kind: str, case: str, T: int, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", kind, case, str(T), str(args.vocab), str(args.hidden), str(args.chunk),
            args.dtype, args.device]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=measuring_env())
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["killed"])[-1], "returncode": proc.returncode}
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def child_env() -> dict[str, str]:
-    """glibc serves every allocation over 64 KiB by mmap and returns it on free: the resident high-water mark then
-    follows live memory, not heap fragmentation (without it the same run's peak varies by ~60 MB)."""
-    return {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 def slope_estimate(points: list[tuple[int, float]], T: int) -> float | None:

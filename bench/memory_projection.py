@@ -22,20 +22,19 @@ from dataclasses import replace
 import torch
 
 from lopd_core.config import LOPDConfig, LoraSpec
-from lopd_core.memory_model import CONFIGS, StepShape, backbone_shape, largest_tokens, predict_step
+from lopd_core.memory_model import CONFIGS, StepShape, backbone_shape, hf_config, largest_tokens, predict_step
 
 RESERVED_GB = 3.0  # CUDA context, NCCL buffers and allocator fragmentation, kept out of the budget
 
 
 def trainable_counts(name: str, cfg: LOPDConfig) -> tuple[int, int]:
     """(one LoRA adapter's parameters, the composer's trainable parameters: encoder LoRA + QFormer), on meta."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from lopd_core.adapters import add_lora
     from lopd_core.composer import QFormer
 
-    raw = dict(CONFIGS[name])
-    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    config = hf_config(CONFIGS[name])
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
         before = sum(p.numel() for p in model.parameters())

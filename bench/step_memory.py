@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from lopd_core.memory_model import measuring_env
 
 FILLER = "The account ledger shows entries for groceries, rent, travel and utilities across the month. "
 
@@ -152,13 +153,12 @@ def main() -> None:
         rows = [json.loads(line) for line in args.from_json.read_text().splitlines() if line.strip()]
         return table(rows)
     rows = []
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # the high-water mark follows live memory (loss_memory)
     for method in args.methods:
         for length in args.lengths:
             for ckpt in args.checkpointing:
                 cmd = [sys.executable, __file__, "--device", args.device, "--child", method, str(length), ckpt,
                        args.student, args.backbone, str(args.chunk), args.dtype]  # fmt: skip
-                proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=measuring_env())
                 if proc.returncode == 0:
                     row = json.loads(proc.stdout.strip().splitlines()[-1])
                 else:  # e.g. killed for memory: said, not skipped

@@ -4,21 +4,24 @@ For N supervised tokens the naive head materialises two [N, V] logit matrices (p
 at T = 16k and V = 49k that is gigabytes per side. Here the lm-head projection, the top-M bucket divergence
 (eq. 9-10) and the sampled-token log-probabilities (eq. 11) are computed chunk by chunk (the fused linear + loss
 idea of Liger Kernel):
-- the forward runs without a graph and keeps per-token scalars, the support ids [N, M] and, when the teacher
-  takes no gradient, the teacher's bucket log-probabilities [N, M+1];
-- the backward recomputes one chunk's logits at a time, back-propagates that chunk's share of the output
-  gradients, and frees it before the next: nothing of size chunk x V outlives its chunk, whichever outputs
-  the loss uses (activation checkpointing would keep a chunk's recomputed logits until the whole backward ends
-  when one output, e.g. the stopped student side of eq. 11, gets no gradient);
+- the forward runs without a graph, one side's [chunk, V] logits at a time, and keeps per-token values, the
+  support ids [N, M] and both sides' bucket log-probabilities [N, M+1];
+- the backward takes the divergence's gradient to the buckets from those saved values, then rebuilds one
+  chunk's logits at a time, one side at a time, back-propagates that chunk's share of the output gradients and
+  frees it before the next: nothing of size chunk x V outlives its chunk, whichever outputs the loss uses
+  (activation checkpointing kept a chunk's rebuilt logits until the whole backward ended when one output, e.g.
+  the stopped student side of eq. 11, got no gradient);
 - each side's logsumexp is computed once, and a teacher that takes no gradient (OPSD, SDFT, SDPO, Skill-SD,
-  GRPO's reference) is not recomputed: its saved buckets stand in.
+  GRPO's reference) is not rebuilt at all.
 `lopd_core.losses` holds the readable logits-level definitions; tests check that both give the same values and
 gradients, and that the head's peak memory does not grow with N.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -50,6 +53,12 @@ def _logits(h: torch.Tensor, w: torch.Tensor, temperature: float) -> torch.Tenso
     logits = _at_least_fp32(h @ w.T)
     # GRPO at its sampling temperature; the distillation methods skip a pass over [chunk, V]
     return logits / temperature if temperature != 1.0 else logits
+
+
+def _side_of(
+    h: torch.Tensor, spec: _Spec, w: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _side(_logits(h, w, spec.temperature), ids, targets, spec.tail_floor)
 
 
 def _side(
@@ -161,26 +170,31 @@ class _FusedDistillHead(torch.autograd.Function):
                 with torch.enable_grad():
                     kl = bucket_divergence(b_s, b_t, spec.divergence, spec.divergence_coef)
                 g_bs, g_bt = torch.autograd.grad(kl, (b_s, b_t), g_kl[sl])
+            side = partial(_side_of, spec=spec, ids=ctx.ids[sl], targets=targets[sl])
             if need[2] or need[5]:  # the teacher's side, then the student's: one [chunk, V] graph at a time
-                _side_backward(spec, h_t, w_t_leaf, grad_h_t, ctx.ids, targets, sl, g_bt, g_t)
+                _backward_chunk(partial(side, w=w_t_leaf), h_t, sl, grad_h_t, (g_bt, _at(g_t, sl)))
             if need[1] or need[4]:
-                _side_backward(spec, h_s, w_s_leaf, grad_h_s, ctx.ids, targets, sl, g_bs, g_s)
+                _backward_chunk(partial(side, w=w_s_leaf), h_s, sl, grad_h_s, (g_bs, _at(g_s, sl)))
         return None, grad_h_s, grad_h_t, None, w_s_leaf.grad, w_t_leaf.grad
 
 
-def _side_backward(
-    spec: _Spec, h: torch.Tensor, w_leaf: torch.Tensor, grad_h: torch.Tensor | None, ids: torch.Tensor,
-    targets: torch.Tensor, sl: slice, g_buckets: torch.Tensor | None, g_logp: torch.Tensor | None,
+def _at(g: torch.Tensor | None, sl: slice) -> torch.Tensor | None:
+    return None if g is None else g[sl]
+
+
+def _backward_chunk(
+    values_of: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], h: torch.Tensor, sl: slice,
+    grad_h: torch.Tensor | None, grads: tuple[torch.Tensor | None, ...],
 ) -> None:  # fmt: skip
-    """Recompute one side's chunk of logits and back-propagate its buckets' and log p(a)'s gradients into
-    grad_h[sl] and w_leaf.grad; the chunk's graph is freed on return."""
-    outs = [(o, g) for o, g in ((0, g_buckets), (1, None if g_logp is None else g_logp[sl])) if g is not None]
-    if not outs:
+    """Rebuild `values_of(h[sl])` with a graph and back-propagate `grads` (one per value, None: none) into
+    grad_h[sl] and the leaves `values_of` reads (the lm-head weight); the chunk's graph is freed on return."""
+    pairs = [(i, g) for i, g in enumerate(grads) if g is not None]
+    if not pairs:
         return
     h_leaf = _leaf(h[sl], grad_h is not None)
     with torch.enable_grad():
-        values = _side(_logits(h_leaf, w_leaf, spec.temperature), ids[sl], targets[sl], spec.tail_floor)
-    torch.autograd.backward([values[i] for i, _ in outs], [g for _, g in outs])
+        values = values_of(h_leaf)
+    torch.autograd.backward([values[i] for i, _ in pairs], [g for _, g in pairs])
     if grad_h is not None:
         grad_h[sl] = h_leaf.grad
 
@@ -204,14 +218,13 @@ class _FusedLogp(torch.autograd.Function):
         grad_h = torch.zeros_like(h) if need[0] else None
         w_leaf = _leaf(w, need[2])
         for sl in _chunks(targets.shape[0], ctx.chunk_size):
-            hc = _leaf(h[sl], need[0])
-            with torch.enable_grad():
-                logp = _logp(hc, targets[sl], w_leaf, ctx.temperature)
-            torch.autograd.backward(logp, grad[sl])
-            del logp
-            if grad_h is not None and hc.grad is not None:
-                grad_h[sl] = hc.grad
+            values_of = partial(_logp_of, targets=targets[sl], w=w_leaf, temperature=ctx.temperature)
+            _backward_chunk(values_of, h, sl, grad_h, (grad[sl],))
         return grad_h, None, w_leaf.grad, None, None
+
+
+def _logp_of(h: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, temperature: float) -> tuple[torch.Tensor]:
+    return (_logp(h, targets, w, temperature),)
 
 
 def _logp(h: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -250,14 +263,15 @@ def distill_head(
     if targets.shape[0] == 0:
         empty = h_student.new_zeros(0, dtype=torch.float32)
         return HeadOutputs(empty, empty, empty, empty)
-    inputs = (h_student, h_teacher, w_student, w_teacher)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (h_student, h_teacher, w_student, w_teacher)):
         kl, teacher_logp, student_logp, mass = _FusedDistillHead.apply(
             spec, h_student, h_teacher, targets, w_student, w_teacher
         )
     else:
         with torch.no_grad():
-            kl, teacher_logp, student_logp, mass, *_ = _distill_chunks(spec, *inputs[:2], targets, *inputs[2:])
+            kl, teacher_logp, student_logp, mass, *_ = _distill_chunks(
+                spec, h_student, h_teacher, targets, w_student, w_teacher
+            )
     return HeadOutputs(student_logp=student_logp, kl=kl, teacher_logp=teacher_logp, teacher_topm_mass=mass)
 
 

@@ -1,6 +1,6 @@
 """A memory model of one train step: what a step's peak is made of, from the backbone's shape and the step's.
 
-    shape = StepShape(backbone=QWEN3_8B, method="lopd", tokens=16384, action_tokens=4096, ...)
+    shape = StepShape(backbone=backbone_shape("Qwen3-8B"), method="lopd", tokens=16384, action_tokens=4096, ...)
     p = predict_step(shape)     # p.weights, p.step_peak_excluding_weights, p.total, p.parts (bytes)
 
 The parts, for one step (the first: AdamW's moments are allocated at its end):
@@ -27,9 +27,9 @@ optimizer's (gradients + moments). Validated on CPU against bench/step_memory.py
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
+import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -77,6 +77,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+def hf_config(raw: dict[str, Any]) -> Any:
+    """A transformers config from a config.json-like dict (its `model_type` picks the class)."""
+    from transformers import AutoConfig
+
+    raw = dict(raw)
+    return AutoConfig.for_model(raw.pop("model_type"), **raw)
+
+
 def backbone_shape(name: str) -> BackboneShape:
     """The BackboneShape of a model in CONFIGS, without its weights."""
     if name not in CONFIGS:
@@ -86,10 +94,9 @@ def backbone_shape(name: str) -> BackboneShape:
 
 @functools.cache
 def _backbone_shape(name: str) -> BackboneShape:
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    raw = dict(CONFIGS[name])
-    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    config = hf_config(CONFIGS[name])
     with torch.device("meta"):
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
     acts = (layer_activation_floats(config.to_dict(), trainable) for trainable in ("all", "lora", "none"))
@@ -216,11 +223,9 @@ def layer_activation_floats(
 
 @functools.cache
 def _layer_activation_floats(config_json: str, trainable: str, lengths: tuple[int, int]) -> float:
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    raw = json.loads(config_json)
-    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
-    config = copy.deepcopy(config)
+    config = hf_config(json.loads(config_json))
     config.num_hidden_layers, config.vocab_size = 1, 64
     config.layer_types = getattr(config, "layer_types", None) and config.layer_types[:1]
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -278,6 +283,13 @@ class PeakMemory:
             self.peak = torch.cuda.max_memory_allocated() - self._base
         else:
             self.peak = _proc_status("VmHWM") - self._base
+
+
+def measuring_env() -> dict[str, str]:
+    """The environment for a child process that measures with PeakMemory on CPU: glibc serves every allocation
+    over 64 KiB by mmap and returns it on free, so the resident high-water mark follows live memory, not heap
+    fragmentation (without it the same run's peak varies by ~60 MB)."""
+    return {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 def _proc_status(key: str) -> int:

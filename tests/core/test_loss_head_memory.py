@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from lopd_core.memory_model import measuring_env
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "loss_memory.py"
-sys.path.insert(0, str(BENCH.parent))
-from loss_memory import child_env  # noqa: E402
 
 V, D, CHUNK = 16384, 64, 256
 SHORT, LONG = 1024, 4096
@@ -27,7 +27,7 @@ TOLERANCE = 0.2 * ONE_TV_GROWTH  # 40 MB: a fifth of one [T, V] tensor's growth
 
 def peak(kind: str, case: str, T: int) -> int:
     cmd = [sys.executable, str(BENCH), "--child", kind, case, str(T), str(V), str(D), str(CHUNK), "float32", "cpu"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=measuring_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"]
 
