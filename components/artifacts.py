@@ -22,6 +22,7 @@ from typing import Any
 import fsspec
 
 from lopd_core.artifacts import ArtifactRef, cache_dir, sha256_path
+from lopd_core.timing import section
 
 
 def local_path(uri: str | os.PathLike[str]) -> Path:
@@ -57,6 +58,10 @@ class ArtifactStore:
         self, path: str | Path, kind: str, metadata: dict[str, Any] | None = None, name: str | None = None
     ) -> ArtifactRef:
         """Store a file or a directory; returns its reference (idempotent for equal content)."""
+        with section("stage/cache"):
+            return self._put(path, kind, metadata, name)
+
+    def _put(self, path: str | Path, kind: str, metadata: dict[str, Any] | None, name: str | None) -> ArtifactRef:
         path = local_path(path)
         digest = sha256_path(path)
         key = self._key(kind, digest, name or path.name)
@@ -87,6 +92,10 @@ class ArtifactStore:
 
     def get(self, ref: ArtifactRef, verify: bool = True) -> Path:
         """A local path holding the artifact's bytes (downloaded once for remote stores)."""
+        with section("stage/cache"):
+            return self._get(ref, verify)
+
+    def _get(self, ref: ArtifactRef, verify: bool) -> Path:
         fs, path = fsspec.core.url_to_fs(ref.uri)
         if not fs.exists(path):
             raise FileNotFoundError(f"artifact {ref.kind} {ref.sha256[:12]} is missing from its store: {ref.uri}")

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from components.artifacts import ArtifactStore
 from components.inputs import ARTIFACT_FIELDS, HINT, artifact_from_path
 from lopd_core.artifacts import ArtifactRef
+from lopd_core.timing import section
 from lopd_core.config import load_model
 from lopd_core.envs.base import Suite, WithValidation
 
@@ -148,8 +149,9 @@ def load_stage_backbone(backbone: str, warm_start: ArtifactRef | None, store: Ar
     when one is given. The third value is the name or local folder, for checkpoints to record."""
     from lopd_core.backbone import load_backbone
 
-    source = str(store.get(warm_start)) if warm_start is not None else backbone
-    model, tokenizer = load_backbone(source)
+    with section("stage/load"):
+        source = str(store.get(warm_start)) if warm_start is not None else backbone
+        model, tokenizer = load_backbone(source)
     return model, tokenizer, source
 
 

@@ -9,7 +9,8 @@ Every stage is a component function `fn(spec) -> StageResult` (components/). The
    result into the cache, where the task reads it back. Results are small JSON, never tensors.
 
 Each stage execution works in its own directory `<run_dir>/stages/<stage>/<key[:16]>`, so a retried or re-run
-stage with the same key continues where it stopped (training resumes from its last checkpoint).
+stage with the same key continues where it stopped (training resumes from its last checkpoint). Its
+`timing.json` there says where the stage's time went (`lopd_core.timing`; `bench/study_profile.py` reads them).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,7 @@ from components.sft import SFTSpec, run_sft
 from components.train import TrainSpec, train
 from flows.cache import StageCache, code_version, key_material, stage_key
 from flows.lifecycle import STOP, RunDirLock, as_child_stage, check_stopped, run_child
+from lopd_core.timing import SECTIONS
 
 StageName = Literal["sft", "collect", "bank", "cold_start", "train", "evaluate", "report"]
 
@@ -126,9 +129,26 @@ def restore_missing_bank(spec: BankSpec, cache: StageCache, key: str) -> bool:
 # ---------------------------------------------------------------------------------------------- running
 
 
+TIMING_FILE = "timing.json"
+
+
+def timed_run(stage: str, spec: BaseModel) -> StageResult:
+    """The stage's component, with where its time went written to `<run_dir>/timing.json`: the stage's wall
+    time and its sections (`lopd_core.timing`, exclusive seconds), which `bench/study_profile.py` adds up."""
+    SECTIONS.reset()
+    t0 = time.perf_counter()
+    result = RUNNERS[stage][1](spec)
+    folder = getattr(spec, "run_dir", None)
+    if folder and int(os.environ.get("RANK", "0")) == 0:
+        doc = {"stage": stage, "stage_s": time.perf_counter() - t0, "sections": SECTIONS.totals(),
+               "calls": SECTIONS.calls()}  # fmt: skip
+        Path(folder, TIMING_FILE).write_text(json.dumps(doc, indent=1))
+    return result
+
+
 def execute_stage(stage: str, spec: BaseModel, cache_root: str, key: str) -> StageResult:
     """Run the component and record its result under `key` (used in-process and by the stage deployment)."""
-    result = RUNNERS[stage][1](spec)
+    result = timed_run(stage, spec)
     StageCache(cache_root).put(stage, key, result, result_state(stage, result), key_material(stage, spec))
     return result
 
@@ -333,9 +353,13 @@ def _run_subprocess(stage: str, spec: BaseModel, key: str, ctx: StageContext) ->
     env = {**os.environ, **ctx.env, "TQDM_MININTERVAL": "30"}
     with _slots(ctx.max_parallel):
         logger.info("stage %s -> child process (log %s)", stage, log_file)
+        t0 = time.perf_counter()
         with open(log_file, "wb") as log:
             code = run_child(command, log, env)
+        process_s = time.perf_counter() - t0
     check_stopped(f"stage {stage}", code)
+    if (timing := folder / TIMING_FILE).exists():  # the child's wall time, start-up and exit included
+        timing.write_text(json.dumps({**json.loads(timing.read_text()), "process_s": process_s}, indent=1))
     if code != 0 or not out_file.exists():
         tail = log_file.read_text(errors="replace")[-3000:]
         raise StageRunError(f"stage {stage} exited with code {code}; the end of {log_file}:\n{tail}", crashed=code < 0)
@@ -398,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as held:
         if int(os.environ.get("RANK", "0")) == 0:  # one writer per stage directory (rank 0 of a multi-pod job)
             held.enter_context(RunDirLock(Path(args.spec_file).parent, f"stage {args.stage}"))
-        result = RUNNERS[args.stage][1](spec)
+        result = timed_run(args.stage, spec)
     if int(os.environ.get("RANK", "0")) != 0:  # torchrun: the other ranks only trained
         return 0
     Path(args.out_file).write_text(result.model_dump_json(indent=2))

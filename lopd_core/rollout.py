@@ -39,6 +39,7 @@ from lopd_core.config import RolloutConfig
 from lopd_core.conversation import Message, Trajectory
 from lopd_core.envs.base import Episode
 from lopd_core.serialization import ChatSerializer
+from lopd_core.timing import section
 
 
 @dataclass
@@ -117,6 +118,10 @@ class RolloutEngine:
 
     def run(self, episodes: Sequence[Episode], desc: str = "rollout") -> list[Trajectory]:
         """Roll out every episode; returns one trajectory per episode, in order."""
+        with section("rollout"):  # what generation and the environments leave: prompts, decoding, bookkeeping
+            return self._run(episodes, desc)
+
+    def _run(self, episodes: Sequence[Episode], desc: str) -> list[Trajectory]:
         cfg = self.config
         generator = torch.Generator(device=_device(self.model)).manual_seed(cfg.seed)
         queue = deque(range(len(episodes)))
@@ -155,7 +160,8 @@ class RolloutEngine:
                 if rows:
                     t_gen = time.monotonic()
                     pasts = [state.past for state, _ in rows] if self._reuse else None
-                    outputs = self.generate(prompts, [b for _, b in rows], generator, pasts)
+                    with section("rollout/generate"):
+                        outputs = self.generate(prompts, [b for _, b in rows], generator, pasts)
                     self.stats["generate_s"] += time.monotonic() - t_gen
                     self.stats["rounds"] += 1
                     self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
@@ -186,7 +192,8 @@ class RolloutEngine:
 
     def _open(self, index: int, episode: Episode) -> LiveEpisode:
         try:
-            messages = list(episode.initial_messages())
+            with section("rollout/environment"):
+                messages = list(episode.initial_messages())
         except Exception as exc:
             return LiveEpisode(index, episode, [], finish_reason="error", error=f"initial_messages: {exc!r}")
         return LiveEpisode(index, episode, messages)
@@ -222,7 +229,8 @@ class RolloutEngine:
         state.truncated_turns += int(out.truncated)
         self.stats["generated_tokens"] += len(out.token_ids)
         try:
-            step = state.episode.step(text)
+            with section("rollout/environment"):
+                step = state.episode.step(text)
         except Exception as exc:
             state.finish_reason, state.error = "error", f"step: {exc!r}"
             return
@@ -247,13 +255,15 @@ class RolloutEngine:
         error = state.error
         if error is None:
             try:
-                result = state.episode.result()
+                with section("rollout/environment"):
+                    result = state.episode.result()
                 reward, checks, trace = float(result.reward), list(result.checks), result.trace
                 n_calls, n_errors = result.n_calls, result.n_errors
                 meta["error_counts"] = dict(result.error_counts)
             except Exception as exc:
                 error = f"result: {exc!r}"
-        _safe_close(state.episode)
+        with section("rollout/environment"):
+            _safe_close(state.episode)
         messages = state.messages or [Message("user", task.instruction)]
         return Trajectory(
             task_id=task.task_id,

@@ -45,6 +45,7 @@ from lopd_core.methods import (  # re-exported: the step's public vocabulary
 from lopd_core.models import LOPDModels
 from lopd_core.optim import adamw
 from lopd_core.serialization import ChatSerializer, TokenBatch, aligned_action_positions
+from lopd_core.timing import section
 
 __all__ = [
     "DistillBatch",
@@ -158,6 +159,10 @@ class TrainStep:
         return gathered(self.forward)
 
     def __call__(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        with section("step"):  # what the sections inside leave: views, collation, diagnostics, metrics
+            return self._step(trajectories)
+
+    def _step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         t0 = time.perf_counter()
         usable = [t for t in trajectories if not t.failed]
         metrics: dict[str, float] = {
@@ -199,12 +204,14 @@ class TrainStep:
         for _ in range(self.objective.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             loss, stats, head, old_logp = self.forward(inputs, old_logp, totals)
-            self.world.backward(loss)
+            with section("step/backward"):
+                self.world.backward(loss)
             if not self._trains_composer:  # FSDP reduces unused parameters as zero gradients: AdamW's weight decay
                 for p in self.models.composer_parameters():  # would then move a composer the method never uses
                     p.grad = None
-            metrics.update(self._clip())
-            self.optimizer.step()
+            with section("step/optimizer"):
+                metrics.update(self._clip())
+                self.optimizer.step()
         shared = {**stats, "loss": loss.item()} if inputs is not None else {}
         if self.world.active:  # every rank's shares summed: the global Delta, so every rank takes the same beta step
             shared = merge_metrics(self.world, shared, {})
@@ -212,7 +219,7 @@ class TrainStep:
         self.strategy.after_step()
         if self.after_update:
             t_sync = time.perf_counter()
-            with self.gathered():
+            with self.gathered(), section("step/sync"):
                 for hook in self.after_update:
                     hook()
             metrics["sync_seconds"] = time.perf_counter() - t_sync
@@ -285,26 +292,33 @@ class TrainStep:
             with self.models.acting_student() as student:  # FSDP: the student's layers gather on every rank
                 return idle_loss([], student), {}, None, None
         trajs, s_batch, t_batch, rows, s_pos, t_pos, targets, rewards, groups, _ = inputs
-        h_student = self.models.student_hidden(s_batch)[rows, s_pos]
+        with section("step/student"):
+            h_student = self.models.student_hidden(s_batch)[rows, s_pos]
         w_student, w_teacher = self.models.head_weights()
         teacher_inputs = TeacherInputs()
         if self.objective.needs_teacher:
             with torch.set_grad_enabled(self._trains_composer):
-                teacher_inputs = self.strategy.inputs(trajs)
-                h_t = self.models.teacher_hidden(t_batch, teacher_inputs.latents, self.strategy.teacher_adapter)
+                with section("step/composer"):  # LOPD: retrieval, the encoder and the QFormer (others: nothing)
+                    teacher_inputs = self.strategy.inputs(trajs)
+                with section("step/teacher"):
+                    h_t = self.models.teacher_hidden(t_batch, teacher_inputs.latents, self.strategy.teacher_adapter)
                 h_teacher = teacher_side(h_t[rows, t_pos], rows, len(trajs), self.cfg.loss_normalization,
                                          totals.get("n_tokens_global"), totals.get("n_records_global"))  # fmt: skip
-            head = distill_head(
-                h_student, h_teacher, targets, w_student, w_teacher, self.cfg.top_m, self.cfg.kl_support,
-                self.cfg.head_chunk_size, self.cfg.tail_floor, self.objective.temperature,
-                self.cfg.opd.divergence, self.cfg.opd.divergence_coef,
-            )  # fmt: skip
+            with section("step/loss_head"):
+                head = distill_head(
+                    h_student, h_teacher, targets, w_student, w_teacher, self.cfg.top_m, self.cfg.kl_support,
+                    self.cfg.head_chunk_size, self.cfg.tail_floor, self.objective.temperature,
+                    self.cfg.opd.divergence, self.cfg.opd.divergence_coef,
+                )  # fmt: skip
         else:
-            logp = token_logprobs(h_student, targets, w_student, self.cfg.head_chunk_size, self.objective.temperature)
+            with section("step/loss_head"):
+                logp = token_logprobs(h_student, targets, w_student, self.cfg.head_chunk_size,
+                                      self.objective.temperature)  # fmt: skip
             head = HeadOutputs(student_logp=logp)
         old_logp = head.student_logp.detach() if old_logp is None else old_logp
         batch = DistillBatch(rows, len(trajs), rewards, groups, teacher_inputs, old_logp, **totals)
-        loss, stats = self.objective.loss(head, batch)
+        with section("step/loss_head"):
+            loss, stats = self.objective.loss(head, batch)
         return loss, stats, head, old_logp
 
     @property

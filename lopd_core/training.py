@@ -28,6 +28,7 @@ from lopd_core.config import ScheduleConfig
 from lopd_core.conversation import Trajectory
 from lopd_core.envs.base import Task
 from lopd_core.step import TrainStep
+from lopd_core.timing import section
 
 RolloutFn = Callable[[Sequence[Task]], list[Trajectory]]
 
@@ -151,7 +152,8 @@ def train_loop(
                         on_checkpoint(last, done)
                 world.barrier()
                 continue
-            save_checkpoint(last, step.models, step.optimizer, state)
+            with section("train/checkpoint"):
+                save_checkpoint(last, step.models, step.optimizer, state)
             if on_checkpoint is not None:
                 on_checkpoint(last, done)
     return {"steps_done": step.step_index, "generations": generations, "history": history}

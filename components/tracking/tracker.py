@@ -30,6 +30,7 @@ from components.tracking.store import (
 )
 from components.tracking.values import _clip_tag, _config_data, config_hash, curated_params, flatten
 from lopd_core.artifacts import sha256_json
+from lopd_core.timing import section
 
 
 class Tracker:
@@ -90,7 +91,8 @@ class Tracker:
         return cls(client, uri, exp_id, name, retry)
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
-        return self.retry.run(fn, what, self.uri)
+        with section("stage/tracking"):
+            return self.retry.run(fn, what, self.uri)
 
     @property
     def is_server(self) -> bool:
