@@ -13,14 +13,25 @@ bench prints what `lopd_core.memory_model.predict_step` predicts for the same sh
     python bench/step_memory.py --backbone tiny                      # the tiny backbone, L = 2k, 8k, 16k
     python bench/step_memory.py --from-json runs.jsonl               # the table again from saved rows
     python bench/step_memory.py --backbone smollm2-135m --device cuda --dtype bfloat16 --lengths 2048 8192 16384
+    python bench/step_memory.py --backbone random:Qwen3-4B --device cuda --dtype bfloat16 --steps 3  # no weights
+    python bench/step_memory.py --backbone random:SmolLM2-135M --student full --fsdp --device cuda --steps 3
+
+`--steps N` runs N steps on the same trajectory: the peak is over all of them, `step_s` the median of the steps
+after the first (the first pays for allocations and kernel choice: `first_step_s`), `tokens_per_s` the student
+tokens over `step_s`. `--fsdp` (full fine-tuning) runs the step under a one-rank process group, so the data-parallel
+code shards the student with FSDP2 (`lopd.data_parallel=fsdp`) as it does over many ranks; its `loss` and
+`grad_norm_student` match the run without `--fsdp` when sharding is right.
 Prints one JSON object per run (also appended to --out), then a Markdown table. A bench: nothing asserts.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -46,7 +57,7 @@ def trajectory(n_turns: int):  # type: ignore[no-untyped-def]
 
 def child(
     backbone: str, method: str, length: int, checkpointing: bool, student: str, device: str,
-    chunk: int = 1024, dtype: str = "float32",
+    chunk: int = 1024, dtype: str = "float32", steps: int = 1, fsdp: bool = False,
 ) -> None:  # fmt: skip
     from lopd_core.backbone import load_backbone
     from lopd_core.config import LOPDConfig
@@ -56,12 +67,24 @@ def child(
     from lopd_core.serialization import ChatSerializer
     from lopd_core.step import TrainStep
 
+    if fsdp:  # a process group of one rank: the step's data-parallel path, FSDP2 included
+        import torch.distributed as dist
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo",
+                                init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)  # fmt: skip
     torch.manual_seed(0)
-    model, tok = load_backbone(backbone, getattr(torch, dtype))
+    with torch.device(device) if backbone.startswith("random:") else contextlib.nullcontext():  # random: built there
+        model, tok = load_backbone(backbone, getattr(torch, dtype))
     model.config.max_position_embeddings = max(model.config.max_position_embeddings, 2 * length)
     model.to(device)
-    cfg = LOPDConfig(method=method, n_queries=4, qformer_layers=2, encoder_max_tokens=128, max_seq_len=2 * length,
-                     gradient_checkpointing=checkpointing, student_mode=student, head_chunk_size=chunk)  # fmt: skip
+    cfg = LOPDConfig(method=method, n_queries=4, qformer_layers=2, encoder_max_tokens=128, max_seq_len=2 * length + 2048,
+                     gradient_checkpointing=checkpointing, student_mode=student, head_chunk_size=chunk,
+                     data_parallel="fsdp" if fsdp else "auto")  # fmt: skip
     models = build_models(model, tok, cfg)
     ser = ChatSerializer(tok, cfg.max_seq_len)
     n10, n20 = (len(ser.student_view(trajectory(n)).input_ids) for n in (10, 20))
@@ -87,16 +110,28 @@ def child(
         composer=sum(p.numel() for p in models.composer_parameters()), checkpointing=checkpointing,
         dtype_bytes=next(model.parameters()).element_size(), chunk_size=cfg.head_chunk_size, device=device,
     )  # fmt: skip
-    t0 = time.perf_counter()
+    times = []
     with PeakMemory(device) as measured:
-        metrics = step([traj])
-    seconds, peak = time.perf_counter() - t0, measured.peak
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            metrics = step([traj])
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+    if not metrics["updated"]:
+        raise SystemExit(f"the step made no update (records {metrics.get('n_records')}, over-length "
+                         f"{metrics.get('n_overlength')}): nothing was measured")  # fmt: skip
+    seconds, peak = statistics.median(times[1:] or times), measured.peak
     predicted = predict_step(shape)
+    sharded = type(next(models.student.parameters())).__name__ == "DTensor"
     print(json.dumps({"backbone": backbone, "method": method, "length": length, "student_tokens": len(view.input_ids),
                       "action_tokens": view.n_action_tokens, "gradient_checkpointing": checkpointing,
                       "student": student, "chunk": chunk, "dtype": dtype, "peak_mb": round(peak / 2**20, 1),
                       "predicted_mb": round(predicted.step_peak_excluding_weights / 2**20, 1),
-                      "shape": shape.as_dict(), "step_s": round(seconds, 2), "updated": metrics["updated"],
+                      "shape": shape.as_dict(), "step_s": round(seconds, 3), "first_step_s": round(times[0], 3),
+                      "steps": steps, "tokens_per_s": round(len(view.input_ids) / seconds, 1),
+                      "updated": metrics["updated"], "loss": metrics.get("loss"),
+                      "grad_norm_student": metrics.get("grad_norm_student"), "fsdp": fsdp, "sharded": sharded,
                       "device": device}))  # fmt: skip
 
 
@@ -117,6 +152,8 @@ def table(rows: list[dict]) -> None:
     for r in rows:
         if r.get("chunk", 1024) != 1024:
             r = dict(r, method=f"{r['method']} (head chunk {r['chunk']})")
+        if r.get("fsdp"):
+            r = dict(r, method=f"{r['method']} (FSDP2, one rank)")
         if "error" in r:
             print(f"| {r['backbone']} | {r['method']} | {r['student']} | {r['length']} | - | "
                   f"{'on' if r['gradient_checkpointing'] else 'off'} | {r['error']} | - | - |")  # fmt: skip
@@ -139,6 +176,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", help="the backbone's dtype (bfloat16 on a GPU)")
     ap.add_argument("--chunk", type=int, default=1024, help="lopd.head_chunk_size")
+    ap.add_argument("--steps", type=int, default=1, help="steps per run (time: the median after the first)")
+    ap.add_argument("--fsdp", action="store_true", help="a one-rank process group: FSDP2 (needs --student full)")
     ap.add_argument("--out", type=Path, help="append each run's JSON row to this file")
     ap.add_argument("--from-json", type=Path, help="print the table of saved rows (one JSON per line), run nothing")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -147,8 +186,10 @@ def main() -> None:
     if args.child:
         method, length, ckpt, student, backbone, *rest = args.child
         chunk, dtype = (int(rest[0]), rest[1]) if rest else (1024, "float32")
-        child(backbone, method, int(length), ckpt == "on", student, args.device, chunk, dtype)
+        child(backbone, method, int(length), ckpt == "on", student, args.device, chunk, dtype, args.steps, args.fsdp)
         return
+    if args.fsdp and args.student != "full":
+        ap.error("--fsdp shards a fully fine-tuned student: add --student full")
     if args.from_json:
         rows = [json.loads(line) for line in args.from_json.read_text().splitlines() if line.strip()]
         return table(rows)
@@ -156,7 +197,8 @@ def main() -> None:
     for method in args.methods:
         for length in args.lengths:
             for ckpt in args.checkpointing:
-                cmd = [sys.executable, __file__, "--device", args.device, "--child", method, str(length), ckpt,
+                cmd = [sys.executable, __file__, "--device", args.device, "--steps", str(args.steps),
+                       *(["--fsdp"] if args.fsdp else []), "--child", method, str(length), ckpt,
                        args.student, args.backbone, str(args.chunk), args.dtype]  # fmt: skip
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=measuring_env())
                 if proc.returncode == 0:

@@ -86,11 +86,24 @@ SCRATCH: dict[str, TinySpec] = {
 def load_backbone(
     name: str, dtype: torch.dtype = torch.float32, tiny: TinySpec | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Load `name` = "tiny" | "toolworld-1m" | "toolworld-4m" | "smollm2-135m" | a local HF folder | a hub id.
-    Returns (model in eval mode, tokenizer)."""
+    """Load `name` = "tiny" | "toolworld-1m" | "toolworld-4m" | "smollm2-135m" | a local HF folder | a hub id |
+    "random:<shape>". Returns (model in eval mode, tokenizer).
+
+    "random:Qwen3-4B" (any name in `lopd_core.memory_model.CONFIGS`) is that architecture with random weights and
+    the tiny backbone's tokenizer (its ids fall inside every vocabulary): a step on it costs the time and memory of
+    the real model's, with no weights to ship (the GPU check, bench/gpu_check.sh)."""
     if name in SCRATCH:
         model, tok = build_tiny(tiny or SCRATCH[name])
         model = model.to(dtype)
+    elif name.startswith("random:"):
+        from lopd_core.memory_model import CONFIGS, hf_config
+
+        shape = name.removeprefix("random:")
+        if shape not in CONFIGS:
+            raise ValueError(f"unknown shape {shape!r} in backbone {name!r}: use one of {', '.join(CONFIGS)}")
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(hf_config(CONFIGS[shape]), dtype=dtype)
+        _, tok = build_tiny(SCRATCH["tiny"])
     elif name in ("smollm2-135m", "smollm2-135m-instruct", "SmolLM2-135M-Instruct"):
         folder = ensure_smollm2()
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)

@@ -50,6 +50,7 @@ class World:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    grouped: bool = False  # a process group is set up, even one of a single rank (bench/step_memory.py --fsdp)
 
     @property
     def is_main(self) -> bool:
@@ -57,8 +58,9 @@ class World:
 
     @property
     def active(self) -> bool:
-        """More than one rank: collectives are needed."""
-        return self.world_size > 1
+        """More than one rank, or a process group of one: collectives run (a one-rank group runs the data-parallel
+        code, FSDP2 included, on one device, as a check of it)."""
+        return self.world_size > 1 or self.grouped
 
     def shard(self, items: Sequence[T]) -> list[T]:
         """This rank's share of `items`: every world_size-th item from position `rank`."""
@@ -238,7 +240,7 @@ def merge_metrics(world: World, metrics: dict[str, float], weights: dict[str, fl
 def current_world() -> World:
     """The world of an initialised process group, or the one-rank world."""
     if dist.is_available() and dist.is_initialized():
-        return World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+        return World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", dist.get_rank())), True)
     return SINGLE
 
 
