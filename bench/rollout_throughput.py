@@ -18,7 +18,15 @@ the generation differs:
   steady-state figure (`vllm`), the first is `vllm_first_run`.
 
 Decoding is greedy by default so both sides produce (nearly) the same tokens; the figure of merit is
-generated tokens per second of wall time. Prints one JSON object (and writes it with --out).
+generated tokens per second of wall time.
+
+`roofline`: the floor on a decode step's time on this machine at the batched engine's mean batch B and mean
+context c, from what a step must do: read every weight once (the tied embedding is the output layer) and each
+row's keys and values, and compute 2 FLOPs per weight per row plus the attention's 4·layers·d·c. The machine's
+limits are measured here, at the same thread count: a large tensor copy (bytes read and written per second) and
+a 1024² fp32 matrix product (FLOP/s). The ceiling is B / max(bytes / bandwidth, FLOPs / FLOP rate) tokens per
+second, and each engine's measured rate is printed as a fraction of it. Prints one JSON object (and writes it
+with --out).
 """
 
 from __future__ import annotations
@@ -94,10 +102,53 @@ def measure(engine: RolloutEngine, tasks: list, suite) -> dict:
         "turns": sum(t.n_turns for t in trajectories),
         "generated_tokens": tokens,
         "prefilled_tokens": engine.stats.get("prefilled_tokens", 0),
+        "prompt_tokens": engine.stats.get("prompt_tokens", 0),
+        "forward_passes": engine.stats.get("forward_passes", 0),
         "seconds": round(seconds, 2),
         "generate_seconds": round(engine.stats["generate_s"], 2),
         "tokens_per_s": round(tokens / seconds, 2),
         "mean_reward": round(sum(t.reward for t in trajectories) / len(trajectories), 4),
+    }
+
+
+def machine_limits(repeats: int = 5) -> dict:
+    """This machine's memory bandwidth (a 256 MB fp32 copy, bytes read + written) and fp32 matrix-product rate,
+    at torch's current thread count; the best of `repeats`."""
+    src, dst = torch.ones(64 * 2**20), torch.empty(64 * 2**20)
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    copies, products = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        copies.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        products.append(time.perf_counter() - t0)
+    return {"bandwidth_gb_s": round(2 * src.numel() * 4 / min(copies) / 1e9, 2),
+            "matmul_gflop_s": round(2 * 1024**3 / min(products) / 1e9, 2)}  # fmt: skip
+
+
+def roofline(model, batched: dict, limits: dict) -> dict:  # type: ignore[no-untyped-def]
+    """The floor on decode time at the batched engine's mean batch and context (see the module docstring)."""
+    cfg = model.config
+    params = sum(p.numel() for p in model.parameters())
+    width = next(model.parameters()).element_size()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * width  # bytes per context token
+    rows = batched["generated_tokens"] / max(batched["forward_passes"], 1)  # B: rows per decode forward
+    context = (batched["prompt_tokens"] + batched["generated_tokens"] / 2) / max(batched["turns"], 1)  # c
+    step_bytes = params * width + rows * context * kv_per_token
+    step_flops = rows * (2 * params + 4 * cfg.num_hidden_layers * cfg.hidden_size * context)
+    memory_s = step_bytes / (limits["bandwidth_gb_s"] * 1e9)
+    compute_s = step_flops / (limits["matmul_gflop_s"] * 1e9)
+    return {
+        **limits,
+        "mean_batch": round(rows, 2),
+        "mean_context_tokens": round(context, 1),
+        "bytes_per_token": round(step_bytes / rows),
+        "flops_per_token": round(step_flops / rows),
+        "bound": "memory" if memory_s >= compute_s else "compute",
+        "ceiling_tokens_per_s": round(rows / max(memory_s, compute_s), 1),
     }
 
 
@@ -196,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         report["vllm_over_batched"] = round(report["vllm"]["tokens_per_s"] / report["batched"]["tokens_per_s"], 2)
     if "vllm" in report and base:
         report["vllm_over_sequential"] = round(report["vllm"]["tokens_per_s"] / base, 2)
+    if "batched" in report:  # the floor at the batched engine's batch and context, each engine against it
+        line = report["roofline"] = roofline(model, report["batched"], machine_limits())
+        for name in ("batched", "vllm", "sequential_hf_generate"):
+            if name in report:
+                line[f"{name}_of_ceiling"] = round(report[name]["tokens_per_s"] / line["ceiling_tokens_per_s"], 3)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
