@@ -6,7 +6,8 @@
 Two pairs, each side in a fresh subprocess, generation excluded on both sides (the same fixed trajectories):
 - distillation: our OPSD step (`lopd_core.step.TrainStep`, method opsd: a frozen teacher that reads a solution,
   top-M reverse KL through the fused head) against TRL's `DistillationTrainer` step (its on-policy distillation:
-  a frozen teacher model on the same sequence, its weights a perturbed copy of the student's, the generalised JSD at beta = 1, reverse KL, over the whole
+  a frozen teacher model on the same sequence, its weights a perturbed copy of the student's, the generalised
+  JSD at beta = 1, reverse KL, over the whole
   vocabulary, chunked);
 - GRPO: our GRPO step against TRL's `GRPOTrainer` step (its default loss, no KL term: beta = 0 on both sides).
 
@@ -17,7 +18,8 @@ AdamW, one thread. Not alike, by design of each library: our OPSD teacher reads 
 loss is top-M (M = 20) plus a tail bucket where TRL's is the full vocabulary; the TRL step runs through
 `Trainer.training_step` (its `_prepare_inputs` returns the fixed batch instead of generating) and then its
 optimizer. Time per step is the median after the first; peak memory is what the steps add
-(`lopd_core.memory_model.PeakMemory`). TRL is in the `bench` extra (`pip install -e .[bench]`). Prints one JSON object, then a table.
+(`lopd_core.memory_model.PeakMemory`). TRL is in the `bench` extra (`pip install -e .[bench]`). Prints one JSON
+object, then a table.
 """
 
 from __future__ import annotations
@@ -161,7 +163,8 @@ def child(side: str, backbone: str, records: int, length: int, steps: int) -> No
     tokens = sum(len(ser.student_view(t).input_ids) for t in trajs)
     print(json.dumps({"side": side, "backbone": backbone, "records": records, "tokens": tokens,
                       "step_s": round(statistics.median(times[1:] or times), 3), "first_step_s": round(times[0], 3),
-                      "peak_mb": round(measured.peak / 2**20, 1), "steps": steps, "last_loss": float(out["loss"])}))  # fmt: skip
+                      "peak_mb": round(measured.peak / 2**20, 1), "steps": steps,
+                      "last_loss": float(out["loss"])}))  # fmt: skip
 
 
 def main() -> None:

@@ -82,7 +82,8 @@ def child(
         model, tok = load_backbone(backbone, getattr(torch, dtype))
     model.config.max_position_embeddings = max(model.config.max_position_embeddings, 2 * length)
     model.to(device)
-    cfg = LOPDConfig(method=method, n_queries=4, qformer_layers=2, encoder_max_tokens=128, max_seq_len=2 * length + 2048,
+    cfg = LOPDConfig(method=method, n_queries=4, qformer_layers=2, encoder_max_tokens=128,
+                     max_seq_len=2 * length + 2048,
                      gradient_checkpointing=checkpointing, student_mode=student, head_chunk_size=chunk,
                      data_parallel="fsdp" if fsdp else "auto")  # fmt: skip
     models = build_models(model, tok, cfg)

@@ -27,9 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from components.artifacts import ArtifactStore
 from components.inputs import ARTIFACT_FIELDS, HINT, artifact_from_path
 from lopd_core.artifacts import ArtifactRef
-from lopd_core.timing import section
 from lopd_core.config import load_model
 from lopd_core.envs.base import Suite, WithValidation
+from lopd_core.timing import section
 
 SpecT = TypeVar("SpecT", bound="StageSpec")
 logger = logging.getLogger(__name__)

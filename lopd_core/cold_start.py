@@ -26,7 +26,7 @@ from lopd_core.config import ColdStartConfig, LOPDConfig
 from lopd_core.conversation import Trajectory, experience_document
 from lopd_core.distributed import World, current_world, idle_loss
 from lopd_core.loss_head import token_logprobs
-from lopd_core.models import LOPDModels
+from lopd_core.models import LOPDModels, hidden_at
 from lopd_core.optim import adamw
 from lopd_core.serialization import ChatSerializer, TeacherContext, aligned_action_positions
 
@@ -51,7 +51,8 @@ def latent_nll_sum(
     t_batch = serializer.collate([serializer.teacher_view(t, context) for t in batch])
     rows, _, t_pos, targets = aligned_action_positions(s_batch, t_batch)
     latents = models.composer([t.task for t in batch], retrieved)
-    hidden = models.teacher_hidden(t_batch, latents, models.teacher_adapter)[rows, t_pos]
+    hidden = hidden_at(t_batch, rows, t_pos, lambda b, idx: models.teacher_hidden(
+        b, latents if idx is None else latents[idx], models.teacher_adapter), cfg.length_grouping)  # fmt: skip
     head = models.backbone.get_output_embeddings().weight
     return -token_logprobs(hidden, targets, head, cfg.head_chunk_size).sum(), int(targets.numel())
 

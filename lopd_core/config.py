@@ -455,6 +455,14 @@ class LOPDConfig(StrictModel):
         "gradients and AdamW state sharded over the ranks; auto = fsdp for full fine-tuning, ddp for LoRA.",
     )
     head_chunk_size: int = Field(1024, ge=1, description="Positions per chunk of the fused loss head.")
+    length_grouping: float | None = Field(
+        1.25,
+        ge=1.0,
+        description="Ours: the student and teacher passes run on groups of records of similar length, "
+        "each padded to its own longest, a group growing while its padded tokens stay within this factor of its "
+        "real ones; null = one pass over the whole batch padded to its longest record. Same loss, up to float "
+        "rounding (a study's trajectories range from ~100 to ~600 tokens: one padded pass computes 4x the tokens).",
+    )
     seed: int = Field(0, description="Training seed.")
     baseline: BaselineConfig = Field(BaselineConfig(), description="Knobs of the baselines; LOPD ignores them.")
     opd: OPDOptions = Field(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from lopd_core.adapters import AdapterSwitch, adapter_parameters, add_lora
 from lopd_core.composer import Composer, attach_composer_adapters
 from lopd_core.config import LOPDConfig
-from lopd_core.serialization import TokenBatch
+from lopd_core.serialization import TokenBatch, length_groups
 
 
 def latent_teacher_adapter(cfg: LOPDConfig) -> str | None:
@@ -162,3 +162,27 @@ def build_models(backbone: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
             p.requires_grad_(False)
     models.set_gradient_checkpointing(cfg.gradient_checkpointing is True)  # "auto": the step decides per batch
     return models
+
+
+def hidden_at(
+    batch: TokenBatch,
+    rows: torch.Tensor,
+    pos: torch.Tensor,
+    run: Callable[[TokenBatch, torch.Tensor | None], torch.Tensor],
+    padding: float | None,
+) -> torch.Tensor:
+    """The hidden states at (rows, pos), [N, d] in that order, from `run(sub_batch, record_index)` ([b, t, d]) on
+    groups of records of similar length (`lopd.length_grouping`: `padding`), so that no pass pads a short record
+    to the batch's longest; `record_index` is None when the whole batch is one group. The same values as one
+    padded pass, up to float rounding."""
+    groups = length_groups(batch.lengths, padding)
+    if len(groups) == 1:
+        return run(batch, None)[rows, pos]
+    parts, where = [], []
+    for group in groups:
+        idx = torch.tensor(group, device=rows.device)
+        mask = torch.isin(rows, idx)
+        local = torch.searchsorted(idx, rows[mask])
+        parts.append(run(batch.select(group), idx)[local, pos[mask]])
+        where.append(mask.nonzero().squeeze(1))
+    return torch.cat(parts)[torch.argsort(torch.cat(where))]

@@ -90,6 +90,41 @@ class TokenBatch:
     latent_len: int = 0
     lengths: list[int] = field(default_factory=list)
 
+    def select(self, index: Sequence[int]) -> TokenBatch:
+        """The records `index` (in that order), cut to the longest of them."""
+        idx = torch.as_tensor(list(index), dtype=torch.long)
+        lengths = [self.lengths[i] for i in index]
+        width = max(lengths)
+        return TokenBatch(
+            input_ids=self.input_ids[idx, :width],
+            attention_mask=self.attention_mask[idx, :width],
+            action_mask=self.action_mask[idx, :width],
+            offsets=self.offsets[idx],
+            insert_pos=self.insert_pos[idx],
+            latent_start=self.latent_start[idx],
+            latent_len=self.latent_len,
+            lengths=lengths,
+        )
+
+
+def length_groups(lengths: Sequence[int], padding: float | None) -> list[list[int]]:
+    """Records grouped by length for the backbone's passes, so that short records are not padded to the longest:
+    sorted by length, a group grows while its padded size (records x its longest) stays within `padding` times
+    its real tokens. `padding` None: one group, the whole batch (padded to its longest record)."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    if padding is None or not order:
+        return [list(range(len(lengths)))]
+    groups: list[list[int]] = [[]]
+    real = 0
+    for i in order:
+        group = groups[-1]
+        if group and (len(group) + 1) * lengths[i] > padding * (real + lengths[i]):
+            groups.append([])
+            group, real = groups[-1], 0
+        group.append(i)
+        real += lengths[i]
+    return [sorted(g) for g in groups]
+
 
 class ChatSerializer:
     """Per-segment tokenisation of conversations with a tokenizer's chat template."""

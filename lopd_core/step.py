@@ -42,7 +42,7 @@ from lopd_core.methods import (  # re-exported: the step's public vocabulary
     Retriever,
     build_method,
 )
-from lopd_core.models import LOPDModels
+from lopd_core.models import LOPDModels, hidden_at
 from lopd_core.optim import adamw
 from lopd_core.serialization import ChatSerializer, TokenBatch, aligned_action_positions
 from lopd_core.timing import section
@@ -293,16 +293,19 @@ class TrainStep:
                 return idle_loss([], student), {}, None, None
         trajs, s_batch, t_batch, rows, s_pos, t_pos, targets, rewards, groups, _ = inputs
         with section("step/student"):
-            h_student = self.models.student_hidden(s_batch)[rows, s_pos]
+            h_student = self._hidden_at(s_batch, rows, s_pos, lambda b, idx: self.models.student_hidden(b),
+                                        sharded=is_sharded(self.forward))  # fmt: skip
         w_student, w_teacher = self.models.head_weights()
         teacher_inputs = TeacherInputs()
         if self.objective.needs_teacher:
             with torch.set_grad_enabled(self._trains_composer):
                 with section("step/composer"):  # LOPD: retrieval, the encoder and the QFormer (others: nothing)
                     teacher_inputs = self.strategy.inputs(trajs)
+                latents, adapter = teacher_inputs.latents, self.strategy.teacher_adapter
                 with section("step/teacher"):
-                    h_t = self.models.teacher_hidden(t_batch, teacher_inputs.latents, self.strategy.teacher_adapter)
-                h_teacher = teacher_side(h_t[rows, t_pos], rows, len(trajs), self.cfg.loss_normalization,
+                    h_t = self._hidden_at(t_batch, rows, t_pos, lambda b, idx: self.models.teacher_hidden(
+                        b, latents if latents is None or idx is None else latents[idx], adapter))  # fmt: skip
+                h_teacher = teacher_side(h_t, rows, len(trajs), self.cfg.loss_normalization,
                                          totals.get("n_tokens_global"), totals.get("n_records_global"))  # fmt: skip
             with section("step/loss_head"):
                 head = distill_head(
@@ -320,6 +323,14 @@ class TrainStep:
         with section("step/loss_head"):
             loss, stats = self.objective.loss(head, batch)
         return loss, stats, head, old_logp
+
+    def _hidden_at(
+        self, batch: TokenBatch, rows: torch.Tensor, pos: torch.Tensor, run: Callable[..., torch.Tensor],
+        sharded: bool = False,
+    ) -> torch.Tensor:  # fmt: skip
+        """`run`'s hidden states at (rows, pos), on length groups. A model that FSDP shards gathers its layers in a
+        collective at every pass, so every rank must make the same number of passes: one, the whole batch."""
+        return hidden_at(batch, rows, pos, run, None if sharded else self.cfg.length_grouping)
 
     @property
     def _trains_composer(self) -> bool:

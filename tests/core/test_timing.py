@@ -62,9 +62,24 @@ def test_study_profile_adds_up_the_stages(tmp_path: Path) -> None:
         (tmp_path / "stages" / folder / "timing.json").write_text(json.dumps(doc))
 
     write("sft/a", {"stage": "sft", "stage_s": 50.0, "process_s": 56.0, "sections": {"stage/load": 1.0}})
-    write("train/b", {"stage": "train", "stage_s": 100.0, "process_s": 104.0, "sections": {
-        "rollout/generate": 40.0, "rollout/environment": 10.0, "rollout": 5.0, "step/teacher": 8.0,
-        "step/student": 6.0, "step/backward": 12.0, "stage/tracking": 2.0, "stage/cache": 1.0}})
+    write(
+        "train/b",
+        {
+            "stage": "train",
+            "stage_s": 100.0,
+            "process_s": 104.0,
+            "sections": {
+                "rollout/generate": 40.0,
+                "rollout/environment": 10.0,
+                "rollout": 5.0,
+                "step/teacher": 8.0,
+                "step/student": 6.0,
+                "step/backward": 12.0,
+                "stage/tracking": 2.0,
+                "stage/cache": 1.0,
+            },
+        },
+    )
     write("evaluate/c", {"stage": "evaluate", "stage_s": 30.0, "sections": {"rollout/generate": 20.0}})
     result = _bench().profile(tmp_path, wall_s=200.0)
     cats = result["categories_s"]
