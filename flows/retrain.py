@@ -66,16 +66,20 @@ def bank_watch(run_dir: str = "runs/local", min_growth: int = 50, debounce_s: fl
     """Emit `lopd.bank.grown` when the bank of `run_dir` has grown by >= min_growth entries since training.
 
     Args:
-        run_dir: The pipeline run directory whose bank is watched (its trained.json names the trained version).
+        run_dir: The pipeline run directory whose bank is watched (its trained.json names the trained version);
+            one without a trained pipeline fails the run.
         min_growth: New bank entries since training that make the bank count as grown.
         debounce_s: Seconds after an event before the same bank may emit again.
     """
-    logger = get_run_logger()
     root = Path(run_dir).expanduser().resolve()
     trained = _read_json(root / TRAINED_FILE)
-    if trained is None:
-        logger.info("no trained pipeline in %s yet (no %s): nothing to watch", root, TRAINED_FILE)
-        return {"status": "no-pipeline", "run_dir": str(root)}
+    if trained is None:  # a schedule watching nothing must not report green every 15 minutes
+        raise ValueError(
+            f"run_dir={run_dir!r}: no trained pipeline there ({root / TRAINED_FILE} is missing), so there is no bank "
+            "to watch. Set run_dir to the run_dir of a pipeline that has finished (`lopd run CONFIG`), or turn "
+            "this schedule off"
+        )
+    logger = get_run_logger()
     location, name = trained["bank_location"], trained["bank_name"]
     bank = read_bank(location, name, int(trained["bank_version"]))
     out = {"run_dir": str(root), "trained_version": trained["bank_version"], **bank, "min_growth": min_growth}

@@ -13,7 +13,9 @@ teacher's side has trainable parameters (adapters off, latents spliced into the 
 head over the aligned action tokens (top-M support from the teacher's detached logits) -> objective -> one
 AdamW step over two parameter groups (student lr, composer lr) -> the objective's and strategy's post-step
 updates (beta; an EMA teacher). Failed rollouts, over-length sequences and records without privileged
-context are left out of the loss and counted.
+context are left out of the loss and counted. The student's and the teacher's passes run on groups of records of
+similar length (`lopd.length_grouping`: a short record is not padded to the batch's longest), and the step's parts
+are timed (`lopd_core.timing` sections `step/student`, `step/teacher`, `step/backward`, ...).
 """
 
 from __future__ import annotations

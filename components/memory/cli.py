@@ -91,7 +91,10 @@ def ingest(
         if not path.is_file():
             _fail(f"no such file: {path}")
         with open(path, encoding="utf-8") as fh:
-            got, errs, skip = experiences_from_jsonl(fh, min_reward=min_reward, source_run=source_run, origin=str(path))
+            try:
+                got, errs, skip = experiences_from_jsonl(fh, min_reward, source_run=source_run, origin=str(path))
+            except SplitLeakError as exc:  # an evaluate stage's episodes: nothing of the file is stored
+                _fail(str(exc))
         records += got
         errors += errs
         skipped += skip

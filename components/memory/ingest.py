@@ -131,6 +131,7 @@ def experiences_from_jsonl(
     Returns (records, errors, skipped): Experience records for `ExperienceBank.ingest` (which still
     validates them), one error per line that is not a valid Trajectory (naming the line and task id),
     and how many trajectories were skipped as failures (reward below `min_reward`, or an errored rollout).
+    Raises `SplitLeakError` on an evaluation episode (an evaluate stage's trajectories.jsonl): held-out data.
     """
     records: list[Experience] = []
     errors: list[str] = []
@@ -146,6 +147,13 @@ def experiences_from_jsonl(
         if not isinstance(data, dict):
             errors.append(f"{origin}:{number}: expected a JSON object, got {type(data).__name__}")
             continue
+        if "benchmark" in data:  # the evaluate stage's trajectories.jsonl: held-out episodes, never bank entries
+            raise SplitLeakError(
+                f"{origin}:{number} is an evaluation episode (benchmark {data['benchmark']!r}, from an evaluate "
+                "stage's trajectories.jsonl): held-out tasks must never enter the experience bank, where the "
+                "teacher would read their solutions while training. Ingest the collect stage's trajectories.jsonl "
+                "or a training run's instead"
+            )
         try:
             traj = Trajectory.from_dict(data)
         except (TypeError, ValueError) as exc:

@@ -91,6 +91,19 @@ def test_cli_refuses_evaluation_split_and_missing_bank(tmp_path: Path):
     assert result.exit_code == 2 and "no bank 'b'" in result.output
 
 
+def test_cli_refuses_an_evaluate_stages_trajectories_and_says_why(tmp_path: Path):
+    data = tmp_path / "trajectories.jsonl"  # as components/evaluate.py writes them: a benchmark and a context
+    line = {**traj("h1", "Held-out task"), "benchmark": "toolworld-minimal", "context": "none"}
+    data.write_text(json.dumps(traj("t1", "Training task")) + "\n" + json.dumps(line) + "\n")
+    bank = ["--location", str(tmp_path / "banks"), "--name", "b", "--embedder", "hashing-64"]
+    result = runner.invoke(bank_app, ["ingest", str(data), *bank])
+    assert result.exit_code == 2, result.output
+    assert f"{data}:2 is an evaluation episode (benchmark 'toolworld-minimal'" in result.output
+    assert "must never enter the experience bank" in result.output and "collect stage" in result.output
+    assert "unexpected keyword" not in result.output
+    assert not (tmp_path / "banks" / "b").exists() or invoke("stats", *bank[:4])[1].get("count", 0) == 0
+
+
 def test_a_record_of_the_wrong_type_is_reported_by_line_and_field(tmp_path: Path):
     """One `"reward": "1.0"` must not crash the batch: it is reported like the other bad lines."""
     data = tmp_path / "trajectories.jsonl"

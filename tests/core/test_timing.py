@@ -94,3 +94,15 @@ def test_study_profile_adds_up_the_stages(tmp_path: Path) -> None:
     assert cats["orchestration (Prefect, the flow)"] == 200.0 - 56.0 - 104.0 - 30.0
     assert sum(cats.values()) == pytest.approx(200.0)
     assert result["share"]["rollout generate (train)"] == 0.2
+
+
+def test_study_profile_with_stages_side_by_side(tmp_path: Path) -> None:
+    for folder, seconds in (("train/a", 100.0), ("train/b", 80.0)):
+        (tmp_path / "stages" / folder).mkdir(parents=True)
+        doc = {"stage": "train", "stage_s": seconds, "process_s": seconds + 5, "sections": {"step/backward": 50.0}}
+        (tmp_path / "stages" / folder / "timing.json").write_text(json.dumps(doc))
+    result = _bench().profile(tmp_path, wall_s=120.0)  # 190 s of stages in 120 s: they overlapped
+    assert result["stages_overlapped"] is True
+    assert "orchestration (Prefect, the flow)" not in result["categories_s"]
+    assert result["categories_s"]["backward"] == 100.0
+    assert sum(result["share"].values()) == pytest.approx(1.0, abs=1e-3)  # shares of the stages' summed time
