@@ -207,6 +207,13 @@ class ExecutionParams(Model):
     max_parallel: int = Field(
         1, ge=1, description="With mode=subprocess: stages running at once (e.g. the number of cores / threads)."
     )
+    warm_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch threads of the warm start (sft) and the composer's cold start, which run "
+        "before the arms fan out: on a CPU machine they can take every core (default: threads). Rollouts keep "
+        "`threads` (one is faster than two for a small model's generation).",
+    )
     remote_stages: list[RemoteStage] = Field(
         default_factory=lambda: list(GPU_STAGES),
         description="With mode=subprocess or deployments: the stages run outside the pipeline's process.",
@@ -259,13 +266,6 @@ class PipelineConfig(Model):
     seeds: list[int] = Field(default_factory=lambda: [0], description="Training seeds of the sweep.")
     success_threshold: float = Field(1.0, ge=0, le=1, description="Reward that counts as a success (bank entry).")
     threads: int = Field(1, ge=1, description="torch threads per stage.")
-    warm_threads: int | None = Field(
-        None,
-        ge=1,
-        description="torch threads of the warm start (sft) and the composer's cold start, which run "
-        "before the arms fan out: on a CPU machine they can take every core (default: threads). Rollouts keep "
-        "`threads` (one is faster than two for a small model's generation).",
-    )
     validation_fraction: float = Field(
         0.0,
         ge=0,

@@ -41,7 +41,7 @@ def sft_spec(cfg: PipelineConfig, common: dict[str, Any], oracle: bool = False) 
         validation_fraction=cfg.validation_fraction,
         difficulties=cfg.train.difficulties,
         sft=cfg.sft.model_copy(update={"house_codes": "correct"}) if oracle else cfg.sft,
-        threads=cfg.warm_threads or cfg.threads,
+        threads=cfg.execution.warm_threads or cfg.threads,
         nproc=cfg.train.nproc,
     )
 
@@ -94,7 +94,7 @@ def cold_start_spec(
         lopd=cfg.method_config("lopd", seed),
         cold=cfg.cold_start,
         success_threshold=cfg.success_threshold,
-        threads=cfg.warm_threads or cfg.threads,
+        threads=cfg.execution.warm_threads or cfg.threads,
         nproc=cfg.train.nproc,
     )
 

@@ -151,7 +151,7 @@ def test_bank_growth_is_announced_once_and_retrains_what_reads_the_bank(first, p
     from lopd_core.conversation import Message, Trajectory
 
     assert bank_watch(run_dir=str(pipe_dir), min_growth=1)["status"] == "waiting"
-    with pytest.raises(ValueError, match="run_dir=.*no trained pipeline there"):  # nothing to watch: a failure
+    with pytest.raises(ValueError, match=r"run_dir=.*no trained pipeline there"):  # nothing to watch: a failure
         bank_watch(run_dir=str(pipe_dir / "nothing-here"))
     grown = pipe_dir / "grown.jsonl"
     with grown.open("w") as fh:
