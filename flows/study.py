@@ -346,7 +346,8 @@ def plot_bands(bands: dict[str, Band], out: Path, title: str) -> Path:
     for i, (arm, band) in enumerate(bands.items()):
         color = f"C{i % 10}"
         ax.plot(band.x, band.mean, color=color, label=arm, linestyle="-" if i < 10 else "--")
-        ax.fill_between(band.x, band.lo, band.hi, color=color, alpha=0.15, linewidth=0)
+        shown = band.clipped()  # a reward lies in [0, 1]; mean +- sd need not
+        ax.fill_between(shown.x, shown.lo, shown.hi, color=color, alpha=0.15, linewidth=0)
     ax.set_xlabel("cumulative generations (student rollouts)")
     ax.set_ylabel("training reward (smoothed)")
     ax.set_title(title)

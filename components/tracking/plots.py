@@ -16,6 +16,7 @@ from lopd_core.evaluation.study import Band, seed_band
 logger = logging.getLogger(__name__)
 
 _LINESTYLES = ("-", "--", ":", "-.")
+UNIT_INTERVAL = ("reward_mean", "success_rate")  # metrics in [0, 1]: their +-1 sd bands are clipped there
 
 
 @dataclass
@@ -59,7 +60,8 @@ def render_curves(
 
     One run: a colour per metric. Several runs: a colour per run, a line style per metric of the panel. A SeedMean
     is drawn as its mean with a shaded +-1 sd band.
-    `reference` draws horizontal dashed lines (e.g. the margin target), `budget` a vertical one (generations).
+    `reference` draws horizontal dashed lines (e.g. the margin target), `budget` a labelled vertical one
+    (generations). The bands of rewards and success rates are clipped to [0, 1].
     """
     if x not in ("step", "generations"):
         raise ValueError(f"x must be 'step' or 'generations', got {x!r}")
@@ -82,6 +84,8 @@ def render_curves(
                     label = s.label if len(keys) == 1 else f"{s.label}: {key}"
                 ax.plot(xs, ys, color=color, linestyle=style, marker="." if len(xs) <= 50 else None, label=label)
                 band = s.band(key, x) if isinstance(s, SeedMean) else None
+                if band is not None and key in UNIT_INTERVAL:
+                    band = band.clipped()
                 if band is not None:
                     ax.fill_between(band.x, band.lo, band.hi, color=color, alpha=0.15, linewidth=0)
                 drawn = True
@@ -89,7 +93,7 @@ def render_curves(
             if reference and key in reference:
                 ax.axhline(reference[key], color="gray", linestyle="--", linewidth=1, label=f"{key} target")
         if budget is not None and x == "generations":
-            ax.axvline(budget, color="gray", linestyle=":", linewidth=1)
+            ax.axvline(budget, color="gray", linestyle=":", linewidth=1, label=f"equal budget ({budget:g} generations)")
         ax.set_ylabel(" / ".join(keys))
         ax.grid(alpha=0.3)
         if drawn:

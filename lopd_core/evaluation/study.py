@@ -82,6 +82,11 @@ class Band:
     def to_dict(self) -> dict[str, list[float]]:
         return asdict(self)
 
+    def clipped(self, low: float = 0.0, high: float = 1.0) -> Band:
+        """The band as drawn for a quantity that lives in [low, high] (a reward, a success rate): mean +- sd can
+        leave that range, the values cannot."""
+        return Band(self.x, self.mean, [max(low, v) for v in self.lo], [min(high, v) for v in self.hi])
+
 
 def seed_band(curves: Sequence[tuple[Sequence[float], Sequence[float]]], window: int = 1) -> Band:
     """Mean over seeds of (x, y) curves, each smoothed over `window` steps, with a +-1 sd band; the curves are

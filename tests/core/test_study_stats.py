@@ -48,3 +48,8 @@ def test_smoothing_bands_and_sample_efficiency():
     assert final_value(band, tail=0.5) == pytest.approx(0.55)
     assert generations_to_reach(band.x, band.mean, 0.5) == 30
     assert generations_to_reach(band.x, band.mean, 0.9) is None
+    # a reward's band as drawn: mean - sd = 0.1 - 0.1414 < 0 is clipped to 0, the mean is kept
+    shown = band.clipped()
+    assert band.lo[0] == pytest.approx(-0.0414, abs=1e-4) and shown.lo[0] == 0.0
+    assert shown.mean == band.mean and shown.hi[0] == band.hi[0] and shown.lo[1:] == band.lo[1:]
+    assert seed_band([([1, 2], [0.9, 1.0]), ([1, 2], [1.0, 1.0])]).clipped().hi[0] == 1.0  # 0.95 + 0.07 -> 1
