@@ -142,6 +142,7 @@ def timed_run(stage: str, spec: BaseModel) -> StageResult:
     if folder and int(os.environ.get("RANK", "0")) == 0:
         doc = {"stage": stage, "stage_s": time.perf_counter() - t0, "sections": SECTIONS.totals(),
                "calls": SECTIONS.calls()}  # fmt: skip
+        Path(folder).mkdir(parents=True, exist_ok=True)
         Path(folder, TIMING_FILE).write_text(json.dumps(doc, indent=1))
     return result
 
@@ -358,7 +359,7 @@ def _run_subprocess(stage: str, spec: BaseModel, key: str, ctx: StageContext) ->
             code = run_child(command, log, env)
         process_s = time.perf_counter() - t0
     check_stopped(f"stage {stage}", code)
-    if (timing := folder / TIMING_FILE).exists():  # the child's wall time, start-up and exit included
+    if code == 0 and (timing := folder / TIMING_FILE).exists():  # the child's wall time, start-up and exit included
         timing.write_text(json.dumps({**json.loads(timing.read_text()), "process_s": process_s}, indent=1))
     if code != 0 or not out_file.exists():
         tail = log_file.read_text(errors="replace")[-3000:]

@@ -101,8 +101,9 @@ def load_backbone(
         shape = name.removeprefix("random:")
         if shape not in CONFIGS:
             raise ValueError(f"unknown shape {shape!r} in backbone {name!r}: use one of {', '.join(CONFIGS)}")
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(hf_config(CONFIGS[shape]), dtype=dtype)
+        with torch.random.fork_rng(devices=[]):  # the same weights every time; the caller's RNG untouched
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(hf_config(CONFIGS[shape]), dtype=dtype)
         _, tok = build_tiny(SCRATCH["tiny"])
     elif name in ("smollm2-135m", "smollm2-135m-instruct", "SmolLM2-135M-Instruct"):
         folder = ensure_smollm2()

@@ -10,19 +10,20 @@
 Sections nest: `step/teacher` opened inside `step` counts its own time, and `step` keeps only what its children
 did not take, so the totals add up to the wall time spent inside sections, with nothing counted twice. Every stage
 writes them beside its result (`timing.json` in the stage's folder, `flows.stages`); `bench/study_profile.py`
-adds them up over a study. The cost is two clock reads per section; sections are per process and not
-thread-safe (the stages run their sections on one thread).
+adds them up over a study. The cost is two clock reads per section. The totals are per thread: stages that run
+in-process side by side (Prefect's thread pool) each count their own.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 
-class Sections:
+class Sections(threading.local):  # each thread sees its own totals and stack
     def __init__(self) -> None:
         self._seconds: defaultdict[str, float] = defaultdict(float)
         self._calls: defaultdict[str, int] = defaultdict(int)

@@ -40,6 +40,33 @@ def test_nested_sections_are_exclusive(clock: list[float]) -> None:
     assert s.totals() == {}
 
 
+def test_each_thread_counts_its_own_sections(clock: list[float]) -> None:
+    """Stages run in-process side by side on Prefect's threads: one stage's sections (and its reset) must not
+    reach another's totals or stack."""
+    import threading
+
+    s = Sections()
+    inside, resume = threading.Event(), threading.Event()
+    seen = {}
+
+    def other() -> None:
+        with s.section("other"):
+            inside.set()
+            resume.wait()
+        seen.update(s.totals())
+
+    with s.section("mine"):
+        thread = threading.Thread(target=other)
+        thread.start()
+        inside.wait()  # the other thread's section is open while this one's is
+        clock[0] += 3
+        s.reset()  # another stage starting: only its own totals go
+        resume.set()
+        thread.join()
+    assert s.totals() == {"mine": 3.0}
+    assert seen == {"other": 3.0}
+
+
 def test_a_section_counts_when_its_body_raises(clock: list[float]) -> None:
     s = Sections()
     with pytest.raises(RuntimeError), s.section("outer"), s.section("inner"):
