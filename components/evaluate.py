@@ -337,7 +337,7 @@ def _track(
     spec: EvaluateSpec, metrics: dict[str, Any], report: str, refs: list[ArtifactRef], seconds: dict[str, float]
 ) -> str:
     """The stage's MLflow run: the spec as params, flat metrics, metrics.json, report.md and the artifact refs."""
-    from components.tracking import Tracker
+    from components.tracking import Tag, TrackedRun, Tracker
 
     tracker = Tracker.open(spec.experiment, run_dir=spec.run_dir, tracking_uri=spec.tracking_uri)
     keys = ",".join(metrics["benchmarks"])
@@ -353,11 +353,14 @@ def _track(
     ) as run:
         flat = flat_metrics(metrics["benchmarks"], prefix="eval/")
         if metrics.get("latent_eval"):
-            flat.update(flat_metrics(metrics["latent_eval"], prefix="latent_eval/"))
+            flat.update(flat_metrics(metrics["latent_eval"], prefix="eval/latent/"))
         if metrics.get("teacher_eval"):
-            flat.update(flat_metrics(metrics["teacher_eval"], prefix="teacher_eval/"))
-        flat.update({f"time/{k}_s": v for k, v in seconds.items()})
+            flat.update(flat_metrics(metrics["teacher_eval"], prefix="eval/teacher/"))
+        flat.update({f"eval/time/{k}_s": v for k, v in seconds.items()})
         run.log_metrics(flat, step=0)
+        if train_run_id := (spec.tags or {}).get(Tag.TRAIN_RUN):  # the held-out scores beside the training curves
+            headlines = {k: v for k, v in flat.items() if k.endswith("/headline") and k.count("/") == 2}
+            TrackedRun(tracker, train_run_id, tracker.experiment_id, "train", load_history=False).log_metrics(headlines)
         run.log_json(metrics, "metrics/metrics.json")
         run.log_text(report, "report.md")
         for ref in refs:

@@ -2,7 +2,7 @@
 
 lopd run configs/demo.yaml                        # the whole pipeline in this process (Prefect's ephemeral API)
 lopd run configs/tiny.yaml -s seeds='[0, 1]'      # dotted overrides
-lopd run configs/demo.yaml -d lopd-pipeline/local # as a run of a deployment on a Prefect server
+lopd run configs/demo.yaml -d lopd-pipeline/pipeline-on-this-machine # as a run of a deployment on a Prefect server
 lopd bank stats -l runs/demo/bank                 # the experience memory (components.memory.cli)
 lopd study configs/study-cpu.yaml               # methods x seeds at an equal budget from one warm start
 lopd eval backbone=smollm2-135m 'benchmarks=[toolworld]'   # the evaluate stage on its own
@@ -111,7 +111,7 @@ def run(
         typer.Option(
             "--deployment",
             "-d",
-            help="Run as a flow run of this deployment (e.g. lopd-pipeline/local) on "
+            help="Run as a flow run of this deployment (e.g. lopd-pipeline/pipeline-on-this-machine) on "
             "the Prefect server at $PREFECT_API_URL, instead of in this process.",
         ),
     ] = None,
@@ -333,6 +333,9 @@ def compare(
     typer.echo(json.dumps(data, indent=2, default=str) if as_json else text)
 
 
+DEFAULT_DEPLOYMENT = "lopd-pipeline/pipeline-on-this-machine"
+
+
 @app.command()
 def deploy(
     prefect_file: Annotated[Path, typer.Option(help="The deployments file.")] = ROOT / "prefect.yaml",
@@ -389,6 +392,29 @@ def deploy(
     finally:
         if registry:
             source.unlink(missing_ok=True)
+    typer.echo(deploy_summary(os.environ["PREFECT_API_URL"]))
+
+
+def deploy_summary(api_url: str) -> str:
+    """What `lopd deploy` leaves on the server, read back from it: each deployment with its pool and what it
+    does, then the next steps (a worker, a first run, the UI)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        deps = client.read_deployments()
+        flows = {f.id: f.name for f in client.read_flows()}
+    rows = sorted((f"{flows.get(d.flow_id, '?')}/{d.name}", d.work_pool_name or "-", d.description or "") for d in deps)
+    width = max((len(r[0]) for r in rows), default=0)
+    ui = api_url.rstrip("/").removesuffix("/api")
+    lines = [f"\n{len(rows)} deployments on {ui}:"]
+    lines += [f"  {name:<{width}}  {pool:<12}  {desc.split('. ')[0][:70]}" for name, pool, desc in rows]
+    lines += [
+        "Next:",
+        f"  prefect worker start --pool {PROCESS_POOL}          # runs the *-on-this-machine deployments here",
+        f"  prefect deployment run {DEFAULT_DEPLOYMENT}   # or the UI: Quick run (the tiny preset, ~1 min)",
+        f"  UI: {ui}/deployments",
+    ]
+    return "\n".join(lines)
 
 
 def _check(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
@@ -406,8 +432,9 @@ def watch(
 ) -> None:
     """Run bank-watch once: emit `lopd.bank.grown` when the bank grew by >= N entries since training.
 
-    With the deployments of prefect.yaml on a server, the event starts lopd-retrain/local. Scheduled watching
-    is the bank-watch/local deployment (its interval schedule is off until you turn it on).
+    With the deployments of prefect.yaml on a server, the event starts lopd-retrain/retrain-on-bank-growth.
+    Scheduled watching is the bank-watch/watch-bank-growth deployment (its interval schedule is off until you
+    turn it on).
     """
     _prefect_defaults()
     from flows.retrain import bank_watch

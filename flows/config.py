@@ -29,6 +29,7 @@ from lopd_core.config import (
     RolloutConfig,
     ScheduleConfig,
     SFTConfig,
+    form_schema,
     load_model,
     set_dotted,
 )
@@ -38,16 +39,16 @@ Method = MethodName
 RemoteStage = Literal["sft", "collect", "cold_start", "train", "evaluate"]
 GPU_STAGES: tuple[str, ...] = ("sft", "collect", "cold_start", "train", "evaluate")
 DEFAULT_DEPLOYMENTS = {
-    "sft": "lopd-stage/sft",
-    "collect": "lopd-stage/collect",
-    "cold_start": "lopd-stage/cold-start",
-    "train": "lopd-stage/train",
-    "evaluate": "lopd-stage/evaluate",
+    "sft": "lopd-stage/sft-gpu-pod",
+    "collect": "lopd-stage/collect-gpu-pod",
+    "cold_start": "lopd-stage/cold-start-gpu-pod",
+    "train": "lopd-stage/train-gpu-pod",
+    "evaluate": "lopd-stage/evaluate-gpu-pod",
 }
 
 
 class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=form_schema)
 
 
 def _fold(schema: dict[str, Any]) -> None:
@@ -220,7 +221,7 @@ class ExecutionParams(Model):
     )
     deployments: dict[str, str] = Field(
         default_factory=lambda: dict(DEFAULT_DEPLOYMENTS),
-        description='Stage to deployment (\'flow/name\'), e.g. {"train": "lopd-stage/train"}.',
+        description='Stage to deployment (\'flow/name\'), e.g. {"train": "lopd-stage/train-gpu-pod"}.',
     )
     job_variables: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
@@ -423,6 +424,28 @@ class PipelineConfig(Model):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json", exclude_defaults=False), sort_keys=False)
+
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+# The presets a run form offers: configs/<name>.yaml. tiny (the default a click starts) is a one-minute look at the
+# plumbing; demo the positive control (a warm start built here, then GRPO beating it: ~10 min on 2 cores);
+# study-rules / study-cpu the equal-budget studies (hours on a CPU); paper the paper's settings (GPUs).
+Preset = Literal["tiny", "demo", "demo-smollm2", "study-rules", "study-cpu", "paper"]
+
+
+def preset_config(preset: str, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    """configs/<preset>.yaml plus `key=value` overrides (a bad preset or field is an error naming it)."""
+    if preset not in get_args(Preset):
+        raise ValueError(f"preset={preset!r}: choose one of {', '.join(get_args(Preset))} (configs/<preset>.yaml)")
+    return load_config(CONFIG_DIR / f"{preset}.yaml", list(overrides))
+
+
+def with_overrides(config: PipelineConfig, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    """`config` with dotted `key=value` overrides (validated again; errors name the field)."""
+    if not overrides:
+        return config
+    data = config.model_dump(mode="json")
+    return load_model(PipelineConfig, None, list(overrides), what="pipeline config", updates=data)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:

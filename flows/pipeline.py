@@ -2,7 +2,8 @@
 
     from flows.config import load_config
     from flows.pipeline import lopd_pipeline
-    summary = lopd_pipeline(load_config("configs/tiny.yaml"))      # Prefect's ephemeral API unless PREFECT_API_URL
+    summary = lopd_pipeline(config=load_config("configs/tiny.yaml"))  # Prefect's ephemeral API unless PREFECT_API_URL
+    summary = lopd_pipeline("demo", ["seeds=[0, 1]"])                  # a preset (configs/demo.yaml) and overrides
 
 The sweep: the warm start (sft, when configured) once, collect and bank once; cold-start per seed (LOPD only); train
 and evaluate per (arm, seed), where the arms are the methods plus the named variants, each at the config's equal
@@ -30,7 +31,7 @@ from pydantic import BaseModel
 
 from components.common import StageResult
 from components.tracking import Tag, Tracker, redact
-from flows.config import PipelineConfig
+from flows.config import PipelineConfig, Preset, preset_config, with_overrides
 from flows.lifecycle import RunDirLock
 from flows.report import ORACLE_LABEL, ReportSpec, section, study_tables
 from flows.specs import bank_spec, cold_start_spec, collect_spec, common_fields, evaluate_spec, sft_spec, train_spec
@@ -74,6 +75,8 @@ def open_pipeline_run(cfg: PipelineConfig, flow_run_id: str | None, flow_run_url
         cfg.suite, run_dir=cfg.resolved_run_dir(), tracking_uri=cfg.resolved_tracking_uri(), experiment=cfg.experiment
     )
     single = len(cfg.methods) == 1 and len(cfg.seeds) == 1
+    prefect_tags = list(flow_run.tags or [])
+    trigger = flow_run.name if "retrain" in prefect_tags else None  # "retrain bank v2" (flows.retrain)
     run = tracker.start_pipeline(
         f"pipeline {flow_run.name}" if flow_run.name else "pipeline",
         config=cfg,
@@ -82,7 +85,12 @@ def open_pipeline_run(cfg: PipelineConfig, flow_run_id: str | None, flow_run_url
         backbone=cfg.backbone,
         prefect_flow_run_id=flow_run_id,
         prefect_flow_run_url=flow_run_url,
-        tags={"lopd.methods": ",".join(cfg.methods), "lopd.seeds": ",".join(map(str, cfg.seeds))},
+        tags={
+            "lopd.methods": ",".join(cfg.methods),
+            "lopd.seeds": ",".join(map(str, cfg.seeds)),
+            Tag.TRIGGER: trigger,
+            "prefect.tags": ",".join(prefect_tags) or None,
+        },
     )
     return run.run_id
 
@@ -166,13 +174,21 @@ def stage_context(cfg: PipelineConfig) -> StageContext:
 
 
 @flow(name="lopd-pipeline", log_prints=True)
-def lopd_pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:
-    """collect -> bank -> cold-start -> train -> evaluate -> report for every method x seed of `config`.
+def lopd_pipeline(
+    preset: Preset = "tiny", overrides: tuple[str, ...] = (), config: PipelineConfig | None = None
+) -> dict[str, Any]:
+    """collect -> bank -> cold-start -> train -> evaluate -> report for every method x seed of the config.
 
     Args:
-        config: The sweep (methods x seeds), the method's hyperparameters and every stage's settings.
+        preset: The settings to start from (configs/PRESET.yaml). tiny: a one-minute look at the plumbing on a
+            random tiny model; demo: the positive control, ~10 minutes on 2 CPU cores, where training beats the
+            warm start; study-rules / study-cpu: the equal-budget studies (hours on a CPU); paper: the paper's
+            settings (GPUs).
+        overrides: Dotted key=value changes to the preset, one per item, e.g. train.schedule.steps=3,
+            methods=[grpo, lopd], seeds=[0, 1], run_dir=runs/mine, lopd.gradient_checkpointing=true.
+        config: A whole pipeline config instead of the preset (the overrides still apply). None: the preset.
     """
-    cfg = config
+    cfg = preset_config(preset, overrides) if config is None else with_overrides(config, overrides)
     logger = get_run_logger()
     run_dir = cfg.resolved_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)

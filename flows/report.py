@@ -21,15 +21,16 @@ from typing import Any
 from pydantic import Field
 
 from components.common import StageResult, StageSpec
-from components.tracking import Tracker, plot_runs, redact
+from components.tracking import Tag, Tracker, plot_runs, redact, train_metric
 from lopd_core.artifacts import ArtifactRef
 
 LABEL_TAG = "lopd.label"
 ORACLE_LABEL = "oracle warm start (rule-following demonstrations)"  # the positive control's ceiling (oracle: true)
 CALIBRATION = ("base", "oracle")  # evaluation rows that are not trained arms
 ARM_TAG = "lopd.arm"  # the sweep arm: a method, or a named variant of one (ablations)
-TRAIN_RUN_TAG = "lopd.train_run_id"
-BUDGET_METRICS = ("reward_mean", "success_rate", "margin", "beta")
+TRAIN_RUN_TAG = Tag.TRAIN_RUN
+BUDGET_METRICS = ("reward_mean", "success_rate", "margin", "beta")  # bare; logged as train/<name>
+BUDGET_KEYS = [train_metric(k) for k in BUDGET_METRICS]
 REPORT_FILES = (
     "report.md",
     "comparison.json",
@@ -121,7 +122,7 @@ def training_rows(tracker: Tracker, train_run_ids: list[str], budget: float | No
         pipelines.add(run.data.tags.get("pipeline_run_id"))
     final: dict[str, dict[str, Any]] = {}
     for pid in pipelines:
-        for row in tracker.compare(pipeline_run_id=pid, stage="train", metrics=list(BUDGET_METRICS)):
+        for row in tracker.compare(pipeline_run_id=pid, stage="train", metrics=BUDGET_KEYS):
             if row["run_id"] in wanted:
                 final[row["run_id"]] = row
     if budget is None:
@@ -130,7 +131,7 @@ def training_rows(tracker: Tracker, train_run_ids: list[str], budget: float | No
     at_budget: dict[str, dict[str, Any]] = {}
     if budget is not None:
         for pid in pipelines:
-            for row in tracker.compare(pipeline_run_id=pid, stage="train", metrics=list(BUDGET_METRICS), budget=budget):
+            for row in tracker.compare(pipeline_run_id=pid, stage="train", metrics=BUDGET_KEYS, budget=budget):
                 if row["run_id"] in wanted:
                     at_budget[row["run_id"]] = row
     rows = []
@@ -144,9 +145,9 @@ def training_rows(tracker: Tracker, train_run_ids: list[str], budget: float | No
             "final_generations": end.get("generations"),
         }
         mid = at_budget.get(run_id, {})
-        row.update({f"final_{k}": end.get(k) for k in BUDGET_METRICS})
+        row.update({f"final_{k}": end.get(train_metric(k)) for k in BUDGET_METRICS})
         row.update({"step": mid.get("step"), "generations": mid.get("generations")})
-        row.update({k: mid.get(k) for k in BUDGET_METRICS})
+        row.update({k: mid.get(train_metric(k)) for k in BUDGET_METRICS})
         rows.append(row)
     return rows, budget
 
@@ -270,7 +271,7 @@ def render_markdown(
         ]
         parts.append(_table(header, body))
     if figures:
-        parts.append("## Curves (margin, beta, reward)\n")
+        parts.append("## Curves (margin with its target m, beta, privilege, reward)\n")
         parts += [f"![{name}]({target})\n" for name, target in figures.items()]
     if links:
         parts.append("## MLflow runs\n")
@@ -310,7 +311,7 @@ def write_report(
                 budget=budget if x == "generations" else None,
                 title=f"training curves vs {x}",
             )
-            figures[f"margin, beta, reward vs {x}"] = path.name
+            figures[f"margin and target m, beta, privilege, reward vs {x}"] = path.name
     text = render_markdown(title, rows, train, budget, run_links(tracker, rows), figures)
     (out_dir / "report.md").write_text(text)
     data = {

@@ -6,9 +6,9 @@
 A pipeline run records in `<run_dir>/trained.json` which bank version its models were trained on. bank-watch
 (scheduled, or run by hand) compares the live bank with it and, once `grown_since(trained) >= min_growth`,
 emits the event `lopd.bank.grown` for the resource `lopd.bank.<id>`; the deployment trigger of
-`lopd-retrain/local` (prefect.yaml) starts a re-training run with the event's run_dir. lopd-retrain re-runs
-the pipeline saved in `<run_dir>/pipeline.yaml`: collect comes from the stage cache, the bank stage sees the
-grown bank and takes a new snapshot, and everything that reads the bank (cold-start, LOPD training, its
+`lopd-retrain/retrain-on-bank-growth` (prefect.yaml) starts a re-training run with the event's run_dir.
+lopd-retrain re-runs the pipeline saved in `<run_dir>/pipeline.yaml`: collect comes from the stage cache, the bank
+stage sees the grown bank and takes a new snapshot, and everything that reads the bank (cold-start, LOPD training, its
 evaluation, the report) runs again; baselines that do not read the bank stay cached.
 
 Debounce, so that one growth burst starts one run: bank-watch emits once per growth and then waits for the
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger, tags, task
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 from prefect.tasks import exponential_backoff
@@ -130,7 +130,16 @@ def bank_watch(run_dir: str = "runs/local", min_growth: int = 50, debounce_s: fl
     return {**out, "status": "emitted", "event_id": str(event.id) if event else None}
 
 
-@flow(name="lopd-retrain", log_prints=True)
+def _retrain_run_name() -> str:
+    """The flow run's name: what triggered it ("retrain bank v7 of runs/demo"), not a random "strong-uakari"."""
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters or {}
+    version = params.get("bank_version")
+    return f"retrain bank {f'v{version}' if version is not None else '(scheduled)'} of {params.get('run_dir')}"
+
+
+@flow(name="lopd-retrain", log_prints=True, flow_run_name=_retrain_run_name)
 def lopd_retrain(run_dir: str = "runs/local", bank_version: int | None = None, min_growth: int = 1) -> dict[str, Any]:
     """Re-train the pipeline of `run_dir` on a fresh snapshot of its grown bank (event-triggered or scheduled).
 
@@ -161,5 +170,11 @@ def lopd_retrain(run_dir: str = "runs/local", bank_version: int | None = None, m
         logger.info(
             "re-training on bank v%d (%d new entries; event version %s)", bank["version"], bank["grown"], bank_version
         )
-    summary = lopd_pipeline(cfg)
+        version = bank["version"]
+    else:
+        version = bank_version
+    trigger = f"retrain bank v{version}" if version is not None else "retrain"
+    # the pipeline's flow run and its MLflow pipeline run say what started them (Tag.TRIGGER, tags retrain, bank-vN)
+    with tags("retrain", *([f"bank-v{version}"] if version is not None else [])):
+        summary = lopd_pipeline.with_options(flow_run_name=trigger)(config=cfg)
     return {"status": "retrained", "run_dir": str(root), "pipeline": summary}

@@ -5,7 +5,7 @@ Every stage is a component function `fn(spec) -> StageResult` (components/). The
 1. key = digests of the spec's input artifacts + its parameters + the code version (flows/cache.py);
 2. a usable cache entry for the key -> the task ends in state "Cached" with the stored result (nothing runs);
 3. else the component runs, in this process, or (mode=deployments) as a run of the stage's deployment
-   (`lopd-stage/train`, ...: a Kubernetes pod at scale) through `run_deployment`; the stage run writes its
+   (`lopd-stage/train-gpu-pod`, ...: a Kubernetes pod at scale) through `run_deployment`; the stage run writes its
    result into the cache, where the task reads it back. Results are small JSON, never tensors.
 
 Each stage execution works in its own directory `<run_dir>/stages/<stage>/<key[:16]>`, so a retried or re-run
@@ -156,7 +156,7 @@ def execute_stage(stage: str, spec: BaseModel, cache_root: str, key: str) -> Sta
 
 @flow(name="lopd-stage", log_prints=True)
 def lopd_stage(stage: StageName, spec: dict[str, Any], cache_key: str, cache_root: str) -> dict[str, Any]:
-    """One stage in its own process or pod (the deployments lopd-stage/collect, /cold-start, /train, /evaluate).
+    """One stage in its own process or pod (the deployments lopd-stage/collect-gpu-pod, /cold-start, /train, /evaluate).
 
     Called by the pipeline with `run_deployment`; the result goes into the stage cache under `cache_key`.
 

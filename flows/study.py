@@ -376,4 +376,4 @@ def lopd_study(config: PipelineConfig, ablation: bool = False, family: bool = Fa
 
     if config.budget is None:
         raise ValueError("a study compares methods at an equal generation budget: set budget (e.g. 1600)")
-    return lopd_pipeline(with_arms(config, ablation, family))
+    return lopd_pipeline(config=with_arms(config, ablation, family))

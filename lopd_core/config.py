@@ -111,8 +111,23 @@ def _fields_at(model: type[BaseModel], path: list[str]) -> list[str]:
 LLAMA_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def form_schema(schema: dict[str, Any]) -> None:
+    """A model's JSON schema as a form (Prefect's run form) shows it best: fields keep their order (`position`; a
+    JSONB store reorders keys), and a scalar field that defaults to null is shown as its type, not as tabs
+    "int | None" whose None tab reads "Property is type None" (left empty, it is null again)."""
+    for i, prop in enumerate(schema.get("properties", {}).values()):
+        prop.setdefault("position", i)
+        rest = [b for b in prop.get("anyOf", []) if b != {"type": "null"}]
+        if "default" in prop and prop["default"] is None and len(rest) == 1 and rest[0].get("type") in _SCALARS:
+            del prop["anyOf"], prop["default"]
+            prop.update(rest[0])
+
+
+_SCALARS = ("string", "integer", "number", "boolean")
+
+
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=form_schema)
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> Any:
@@ -439,7 +454,7 @@ class LOPDConfig(StrictModel):
         40_960, ge=64, description="Longest training view; longer ones are counted and left out of the loss."
     )
     fail_on_overlength: bool = Field(False, description="Raise instead of skipping over-length sequences.")
-    gradient_checkpointing: bool | Literal["auto"] = Field(
+    gradient_checkpointing: Literal["auto", True, False] = Field(  # one choice of three in a form, not two tabs
         "auto",
         description="Recompute each decoder layer's activations in backward (student, teacher and encoder passes; "
         "the adapter a layer ran with is replayed): auto = on for a step whose longest view has at least "

@@ -64,3 +64,42 @@ METHOD_RULES: dict[str, MethodRules] = {  # every method, once (its name is conf
         acting_teacher=True,
     ),
 }
+
+
+# Which of LOPDConfig's fields a method reads, by group; a field in no group applies to every method. The tracking
+# logs only the params that apply to a run's method (a GRPO run shows no margin target).
+_COMPOSER = frozenset({  # the composer and its retrieval: methods whose teacher reads the bank
+    "n_retrieved", "retrieval_scope", "min_bank_size", "n_queries", "qformer_layers", "qformer_ff_mult",
+    "encoder_max_tokens", "encoder_lora", "freeze_composer", "teacher_reader", "composer_lr", "composer_clip",
+    "grad_clip_composer", "grad_clip_lora", "grad_clip_qformer",
+})  # fmt: skip
+_CONSTRAINT = frozenset({"margin_target", "anchor_weight", "anchor_reduction", "dual_lr", "beta_init"})  # LOPD's
+_DISTILL = frozenset({  # the teacher's top-M distillation and its diagnostic margin: every method but GRPO
+    "top_m", "kl_support", "tail_floor", "margin_advantage", "opd.divergence", "opd.divergence_coef",
+    "opd.distill_form", "opd.reward_aligned", "opd.misaligned_weight",
+})  # fmt: skip
+_POLICY_GRADIENT = frozenset({"baseline.clip_eps", "baseline.kl_coef", "baseline.ppo_epochs",
+                              "baseline.policy_temperature"})  # fmt: skip
+_GUIDANCE = frozenset({"opd.guidance_coef", "opd.guidance_bound"})  # the hybrids' guidance on failed rollouts
+_TEXT_TEACHER = frozenset({"baseline.teacher_sync", "baseline.teacher_ema_rate"})  # a text teacher's weights
+_RL = ("grpo", "diffgate", "diffgate_latent", "scope")
+
+
+def applies(method: str, field: str) -> bool:
+    """Whether LOPDConfig's `field` (flat key: "margin_target", "baseline.clip_eps", "encoder_lora.r") changes what
+    `method` does."""
+    head = field.split(".", 1)[0]
+    key = field if head in ("opd", "baseline") else head
+    if key in _COMPOSER:
+        return METHOD_RULES[method].reads_bank
+    if key in _CONSTRAINT:
+        return method == "lopd"
+    if key in _DISTILL:
+        return method != "grpo"
+    if key in _POLICY_GRADIENT:
+        return method in _RL
+    if key in _GUIDANCE:
+        return method in ("diffgate", "diffgate_latent", "scope")
+    if key in _TEXT_TEACHER:
+        return METHOD_RULES[method].acting_teacher or method == "sdpo"
+    return True

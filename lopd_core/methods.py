@@ -406,7 +406,8 @@ class LOPDObjective(DistillObjective):
             self.beta = dual_step(self.beta, stats["margin"], self.cfg.margin_target, self.cfg.dual_lr)
 
     def metrics(self) -> dict[str, float]:
-        return {"beta": float(self.beta)}
+        """beta and the target m it steers the margin to (logged beside the margin: why beta moved)."""
+        return {"beta": float(self.beta), "margin_target": float(self.cfg.margin_target)}
 
     def state_dict(self) -> dict[str, float]:
         return {"beta": self.beta}

@@ -231,13 +231,13 @@ class TrainStep:
             metrics["n_action_tokens"] = float(inputs.targets.numel())
         if head is not None and head.teacher_logp is not None and head.teacher_topm_mass is not None:
             metrics.update(
-                privilege_mean=head.privilege.mean().item(),
+                privilege=head.privilege.mean().item(),
                 teacher_topm_mass=head.teacher_topm_mass.mean().item(),
                 tail_mass=(1.0 - head.teacher_topm_mass).mean().item(),
                 kl_token_max=head.kl.max().item() if head.kl is not None and head.kl.numel() else 0.0,
             )
             n_tokens = metrics["n_action_tokens"]
-            self._weights.update(privilege_mean=n_tokens, teacher_topm_mass=n_tokens, tail_mass=n_tokens)
+            self._weights.update(privilege=n_tokens, teacher_topm_mass=n_tokens, tail_mass=n_tokens)
             if self.strategy.requires_context:  # a privileged teacher: what it knows (lopd_core.diagnostics)
                 assert inputs is not None
                 diagnostics, weights = teacher_diagnostics(head.privilege, inputs.rows, inputs.rewards, inputs.marked)

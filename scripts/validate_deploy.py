@@ -65,7 +65,7 @@ S3_SECRET = "lopd-s3"
 PLACEHOLDER = "change-me"
 # Keys of a Secret template whose values must be placeholders (credentials, or URLs that carry them).
 SECRET_KEY_PATTERN = re.compile(r"PASSWORD|SECRET|KEY|URI|URL")
-# GPU values for the template render: what a `lopd-stage/train` deployment on a multi-GPU node would set.
+# GPU values for the template render: what a `lopd-stage/train-gpu-pod` deployment on a multi-GPU node would set.
 GPU_VALUES = {
     "image": "registry.example.internal/lopd/lopd-platform:gpu",
     "gpu_count": 4,

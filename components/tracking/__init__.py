@@ -21,11 +21,11 @@ runs), `run` (`TrackedRun`: one run's params, tags, metrics, artifacts), `sink` 
     aggregate(rows, by=("method", "benchmark"), metrics=("success_rate",))  # mean / std over seeds
     plot_runs(uri, [r["run_id"] for r in rows], "compare.png", x="generations")
 
-Per-step metrics: the sink logs every finite numeric value it is given under its own name, plus
-`generations_cum` (the running sum of `generations`: the rollout budget spent, the x axis of the
-equal-budget view). Non-finite values (NaN, +-inf) are not logged as points: the step gets a
-`nonfinite_metrics` point counting them, the run's `lopd.nonfinite_keys` tag lists their names, and a
-warning is logged once per name. Values that are not numbers and names MLflow rejects are skipped with a
+Per-step metrics: the sink logs every finite numeric value it is given under its own name in the run's stage
+namespace (`train/margin`; `names.namespaced`), plus `train/generations_cum` (the running sum of `generations`:
+the rollout budget spent, the x axis of the equal-budget view). Non-finite values (NaN, +-inf) are not logged as
+points: the step gets a `nonfinite_metrics` point counting them, the run's `lopd.nonfinite_keys` tag lists their
+names, and a warning is logged once per name. Values that are not numbers and names MLflow rejects are skipped with a
 warning. Training never stops because of a metric value.
 
 Robustness: opening checks the store first (`/health` of a server, a connection to a SQL database, a
@@ -39,12 +39,15 @@ errors, a locked or unavailable database, HTTP 5xx/429) are retried with exponen
 from components.tracking.names import (
     CUM_GENERATIONS,
     DEFAULT_PANELS,
+    MARGIN_TARGET,
     NONFINITE_METRICS,
     ROW_COLUMNS,
     STEP_METRICS,
     Tag,
     TrackingError,
     TrackingUnavailableError,
+    namespaced,
+    train_metric,
 )
 from components.tracking.plots import plot_runs
 from components.tracking.query import aggregate, compare_runs, run_series
@@ -57,6 +60,7 @@ from components.tracking.values import curated_params, format_params, param_text
 __all__ = [
     "CUM_GENERATIONS",
     "DEFAULT_PANELS",
+    "MARGIN_TARGET",
     "NONFINITE_METRICS",
     "ROW_COLUMNS",
     "STEP_METRICS",
@@ -73,10 +77,12 @@ __all__ = [
     "curated_params",
     "format_params",
     "git_sha",
+    "namespaced",
     "param_text",
     "plot_runs",
     "redact",
     "resolve_tracking_uri",
     "run_series",
+    "train_metric",
     "valid_metric_key",
 ]

@@ -15,14 +15,45 @@ DEFAULT_DB = "mlflow.db"
 DEFAULT_ARTIFACTS = "mlartifacts"
 CONFIG_ARTIFACT = "config.yaml"
 
-CUM_GENERATIONS = "generations_cum"  # running sum of `generations`, logged at every step
-NONFINITE_METRICS = "nonfinite_metrics"  # number of non-finite values dropped at a step (logged when > 0)
-# What a train step reports (lopd_core.step.TrainStep); steps without an update lack the loss terms.
+# Metric names carry their stage's namespace, `train/margin`, `collect/success_rate`, `eval/<benchmark>/headline`:
+# MLflow's charts group a run's metrics by that prefix, and a compare view never mixes a train metric with a collect
+# one of the same name. A stage run's `TrackedRun` adds the prefix itself (`namespaced`); the code that computes the
+# values (lopd_core) keeps the bare names. The pipeline run's metrics are per arm: `<arm>/eval/<benchmark>`.
+NAMESPACES = {"evaluate": "eval"}  # stage -> metric namespace, where they differ (every other stage: its own name)
+TRAIN = "train"
+
+
+def namespace_of(stage: str | None) -> str | None:
+    return NAMESPACES.get(stage, stage) if stage else None
+
+
+def namespaced(namespace: str | None, key: str) -> str:
+    """`train` + `margin` -> `train/margin`; a key already in the namespace (or no namespace) stays as it is."""
+    if not namespace or key.startswith(f"{namespace}/"):
+        return key
+    return f"{namespace}/{key}"
+
+
+def train_metric(name: str) -> str:
+    return namespaced(TRAIN, name)
+
+
+CUM_GENERATIONS = train_metric("generations_cum")  # running sum of `generations`, logged at every step: the x axis
+GENERATIONS = train_metric("generations")
+MARGIN_TARGET = train_metric("margin_target")  # m, logged beside the margin at every LOPD step
+NONFINITE_METRICS = "nonfinite_metrics"  # number of non-finite values dropped at a step (logged when > 0; namespaced)
+# What a train step reports (lopd_core.step.TrainStep), bare; steps without an update lack the loss terms.
 STEP_METRICS = (
-    "distill_kl", "margin", "beta", "anchor", "privilege_mean", "reward_mean", "success_rate", "teacher_topm_mass",
+    "distill_kl", "margin", "beta", "anchor", "privilege", "reward_mean", "success_rate", "teacher_topm_mass",
     "tail_mass", "n_action_tokens", "n_overlength", "failed_rollouts", "generations", "step_seconds",
 )  # fmt: skip
-DEFAULT_PANELS: tuple[tuple[str, ...], ...] = (("margin",), ("beta",), ("reward_mean", "success_rate"))
+# The curves of a train run (and of the report): the margin against its target m, beta, the privilege, the reward.
+DEFAULT_PANELS: tuple[tuple[str, ...], ...] = (
+    (train_metric("margin"), MARGIN_TARGET),
+    (train_metric("beta"),),
+    (train_metric("privilege"),),
+    (train_metric("reward_mean"), train_metric("success_rate")),
+)
 CurveX = Literal["step", "generations"]
 
 
@@ -44,6 +75,8 @@ class Tag:
     PREFECT_FLOW_RUN_URL = "prefect.flow_run_url"
     PARAMS_TRUNCATED = "lopd.params_truncated"  # params cut to MLflow's length limit (full values in config.yaml)
     NONFINITE_KEYS = "lopd.nonfinite_keys"
+    TRAIN_RUN = "lopd.train_run_id"  # an evaluate run's: the train run of the model it evaluated
+    TRIGGER = "lopd.trigger"  # a pipeline run's: what started it ("retrain bank v2"), when not a person
     LAST_CHECKPOINT = "lopd.last_checkpoint"  # artifact path of the newest checkpoint reference
     PARENT_RUN = "mlflow.parentRunId"  # MLflow's own: nests the run under its parent in the UI
     GIT_COMMIT = "mlflow.source.git.commit"
@@ -53,7 +86,7 @@ class Tag:
 # A stage run takes these from its parent unless given explicitly.
 INHERITED_TAGS = (
     Tag.METHOD, Tag.SEED, Tag.BACKBONE, Tag.BENCHMARK, Tag.BANK_SNAPSHOT, Tag.PREFECT_FLOW_RUN_ID,
-    Tag.PREFECT_FLOW_RUN_URL, Tag.NOTE,
+    Tag.PREFECT_FLOW_RUN_URL, Tag.NOTE, Tag.TRIGGER,
 )  # fmt: skip
 ROW_COLUMNS = (
     "run_id", "run_name", "stage", "method", "seed", "backbone", "benchmark", "bank_snapshot_id", "config_hash",

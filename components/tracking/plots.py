@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.tracking.names import DEFAULT_PANELS, CurveX
+from components.tracking.names import DEFAULT_PANELS, MARGIN_TARGET, CurveX, train_metric
 from components.tracking.query import RunSeries, _load_series
 from components.tracking.store import RetryPolicy, connect
 from lopd_core.evaluation.study import Band, seed_band
@@ -16,7 +16,7 @@ from lopd_core.evaluation.study import Band, seed_band
 logger = logging.getLogger(__name__)
 
 _LINESTYLES = ("-", "--", ":", "-.")
-UNIT_INTERVAL = ("reward_mean", "success_rate")  # metrics in [0, 1]: their +-1 sd bands are clipped there
+UNIT_INTERVAL = (train_metric("reward_mean"), train_metric("success_rate"))  # in [0, 1]: +-1 sd bands clipped there
 
 
 @dataclass
@@ -54,14 +54,13 @@ def render_curves(
     *,
     title: str | None = None,
     budget: float | None = None,
-    reference: Mapping[str, float] | None = None,
 ) -> Path:
     """One panel per group of metrics, stacked on a shared x axis (step, or cumulative generations), written as PNG.
 
     One run: a colour per metric. Several runs: a colour per run, a line style per metric of the panel. A SeedMean
     is drawn as its mean with a shaded +-1 sd band.
-    `reference` draws horizontal dashed lines (e.g. the margin target), `budget` a labelled vertical one
-    (generations). The bands of rewards and success rates are clipped to [0, 1].
+    The margin target m (`train/margin_target`, a metric of LOPD runs) is dashed, labelled "target m"; `budget`
+    draws a labelled vertical line (generations). The bands of rewards and success rates are clipped to [0, 1].
     """
     if x not in ("step", "generations"):
         raise ValueError(f"x must be 'step' or 'generations', got {x!r}")
@@ -77,11 +76,12 @@ def render_curves(
                 xs, ys = s.xy(key, x)
                 if not xs:
                     continue
+                name = "target m" if key == MARGIN_TARGET else key.rsplit("/", 1)[-1]
                 if len(series) == 1:
-                    color, style, label = colors[j], "-", key
+                    color, style, label = colors[j], "--" if key == MARGIN_TARGET else "-", name
                 else:
-                    color, style = colors[i], _LINESTYLES[j % len(_LINESTYLES)]
-                    label = s.label if len(keys) == 1 else f"{s.label}: {key}"
+                    color, style = colors[i], "--" if key == MARGIN_TARGET else _LINESTYLES[j % len(_LINESTYLES)]
+                    label = s.label if len(keys) == 1 else f"{s.label}: {name}"
                 ax.plot(xs, ys, color=color, linestyle=style, marker="." if len(xs) <= 50 else None, label=label)
                 band = s.band(key, x) if isinstance(s, SeedMean) else None
                 if band is not None and key in UNIT_INTERVAL:
@@ -89,12 +89,9 @@ def render_curves(
                 if band is not None:
                     ax.fill_between(band.x, band.lo, band.hi, color=color, alpha=0.15, linewidth=0)
                 drawn = True
-        for key in keys:
-            if reference and key in reference:
-                ax.axhline(reference[key], color="gray", linestyle="--", linewidth=1, label=f"{key} target")
         if budget is not None and x == "generations":
             ax.axvline(budget, color="gray", linestyle=":", linewidth=1, label=f"equal budget ({budget:g} generations)")
-        ax.set_ylabel(" / ".join(keys))
+        ax.set_ylabel(" / ".join(k.rsplit("/", 1)[-1] for k in keys if k != MARGIN_TARGET))
         ax.grid(alpha=0.3)
         if drawn:
             ax.legend(fontsize="small", loc="best")

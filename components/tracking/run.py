@@ -25,6 +25,7 @@ from components.tracking.names import (
     NONFINITE_METRICS,
     T,
     Tag,
+    namespaced,
 )
 from components.tracking.plots import render_curves
 from components.tracking.query import _history, _load_series
@@ -43,8 +44,17 @@ class TrackedRun:
     """One MLflow run (a pipeline or a stage): params, tags, metrics, artifacts, curves. A context manager:
     leaving it flushes the metrics and ends the run (FAILED on an exception, KILLED on KeyboardInterrupt)."""
 
-    def __init__(self, tracker: Tracker, run_id: str, experiment_id: str, name: str, load_history: bool) -> None:
+    def __init__(
+        self,
+        tracker: Tracker,
+        run_id: str,
+        experiment_id: str,
+        name: str,
+        load_history: bool,
+        namespace: str | None = None,
+    ) -> None:
         self.tracker = tracker
+        self.namespace = namespace  # metric names get it as a prefix: "train" -> train/margin (names.namespaced)
         self.run_id = run_id
         self.experiment_id = experiment_id
         self.name = name
@@ -53,8 +63,9 @@ class TrackedRun:
         self._logged: dict[str, set[int]] = {}  # metric -> steps the store holds (a resumed run's history)
         if load_history:
             run = self._call("reading the run", lambda: self.client.get_run(self.run_id))
-            history = self.history([CUM_GENERATIONS, *sorted(run.data.metrics)])
-            self._cum_by_step = dict(history[CUM_GENERATIONS])
+            cum_key = namespaced(namespace, CUM_GENERATIONS.rsplit("/", 1)[-1])
+            history = self.history([cum_key, *sorted(run.data.metrics)])
+            self._cum_by_step = dict(history[cum_key])
             self._logged = {key: {step for step, _ in points} for key, points in history.items() if points}
         self._first_step = max(self._cum_by_step, default=-1) + 1
 
@@ -106,12 +117,11 @@ class TrackedRun:
         return self._sink
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int = 0) -> None:
-        """Summary metrics (e.g. evaluation results) at one step, sanitised like the sink's."""
-        points, nonfinite = _metric_points(metrics, step, _now_ms(), warned=set())
+        """Summary metrics (e.g. evaluation results) at one step, sanitised like the sink's, in the run's namespace."""
+        points, nonfinite = _metric_points(metrics, step, _now_ms(), warned=set(), namespace=self.namespace)
         if nonfinite:
-            points.append(
-                Metric(NONFINITE_METRICS, float(len(nonfinite)), points[0].timestamp if points else _now_ms(), step)
-            )
+            ts = points[0].timestamp if points else _now_ms()
+            points.append(Metric(namespaced(self.namespace, NONFINITE_METRICS), float(len(nonfinite)), ts, step))
             self._add_nonfinite_keys(nonfinite)
         self._log_points(points)
 
@@ -179,31 +189,16 @@ class TrackedRun:
 
     def log_curves(self, panels: Sequence[Sequence[str]] = DEFAULT_PANELS, artifact_dir: str = "curves") -> list[str]:
         """PNG curves of the run's metrics vs step and vs cumulative generations, logged under `artifact_dir`.
-        The margin panel shows the margin target m as a dashed line (`curve_references`)."""
+        The margin panel shows the margin target m (the metric `train/margin_target`) dashed."""
         series = _load_series(
             self.client, self.run_id, panels, self.tracker.retry, self.tracker.uri, self.name, flush=self.flush
         )
-        reference = self.curve_references()
         paths = []
         with tempfile.TemporaryDirectory() as tmp:
             for x in ("step", "generations"):
-                out = render_curves(
-                    [series], panels, x, Path(tmp) / f"curves_{x}.png", title=self.name, reference=reference
-                )
+                out = render_curves([series], panels, x, Path(tmp) / f"curves_{x}.png", title=self.name)
                 paths.append(self.log_file(out, artifact_dir))
         return paths
-
-    def curve_references(self) -> dict[str, float]:
-        """Dashed target lines of the curve panels: {"margin": m} from the run's `lopd.margin_target` param (a
-        train stage's spec) or `margin_target` (an LOPDConfig logged on its own); {} when it has neither."""
-        run = self._call("reading params", lambda: self.client.get_run(self.run_id))
-        params = run.data.params
-        for key in ("lopd.margin_target", "margin_target"):
-            try:
-                return {"margin": float(params[key])}
-            except (KeyError, ValueError):
-                continue
-        return {}
 
     # -- lifecycle
 

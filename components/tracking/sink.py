@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlflow.entities import Metric
 
-from components.tracking.names import CUM_GENERATIONS, NONFINITE_METRICS
+from components.tracking.names import CUM_GENERATIONS, NONFINITE_METRICS, namespaced
 from components.tracking.values import _now_ms, valid_metric_key
 
 if TYPE_CHECKING:
@@ -27,11 +27,15 @@ def _warn_once(warned: set[str], key: str, message: str, *args: Any) -> None:
         logger.warning(message, *args)
 
 
-def _metric_points(metrics: Mapping[str, Any], step: int, ts: int, warned: set[str]) -> tuple[list[Metric], list[str]]:
-    """Finite numeric values as MLflow metrics; also the names of the non-finite ones (not logged)."""
+def _metric_points(
+    metrics: Mapping[str, Any], step: int, ts: int, warned: set[str], namespace: str | None = None
+) -> tuple[list[Metric], list[str]]:
+    """Finite numeric values as MLflow metrics, named in `namespace` (`train/margin`); also the names of the
+    non-finite ones (not logged)."""
     points: list[Metric] = []
     nonfinite: list[str] = []
-    for key, raw in metrics.items():
+    for bare, raw in metrics.items():
+        key = namespaced(namespace, bare)
         if not valid_metric_key(key):
             _warn_once(warned, f"key:{key}", "metric name %r is not valid for MLflow; not logged", key)
             continue
@@ -92,7 +96,8 @@ class MlflowMetricsSink:
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         step = int(step)
         ts = _now_ms()
-        points, nonfinite = _metric_points(metrics, step, ts, self._warned)
+        ns = self.run.namespace
+        points, nonfinite = _metric_points(metrics, step, ts, self._warned, ns)
         try:
             generations = float(metrics.get("generations", 0.0))
         except (TypeError, ValueError):
@@ -105,9 +110,9 @@ class MlflowMetricsSink:
             before = max(((s, c) for s, c in self._cum.items() if s < step), default=(-1, 0.0))[1]
         self._cum[step] = before + generations
         self.last_step = max(self.last_step, step)
-        points.append(Metric(CUM_GENERATIONS, self._cum[step], ts, step))
+        points.append(Metric(namespaced(ns, CUM_GENERATIONS.rsplit("/", 1)[-1]), self._cum[step], ts, step))
         if nonfinite:
-            points.append(Metric(NONFINITE_METRICS, float(len(nonfinite)), ts, step))
+            points.append(Metric(namespaced(ns, NONFINITE_METRICS), float(len(nonfinite)), ts, step))
             self._new_nonfinite.update(nonfinite)
         if step < self._resumed_at:  # a replayed step (resumed from an earlier checkpoint): every step once
             kept = [p for p in points if step not in self._logged.get(p.key, ())]

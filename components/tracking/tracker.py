@@ -16,6 +16,7 @@ from components.tracking.names import (
     T,
     Tag,
     TrackingError,
+    namespace_of,
 )
 from components.tracking.query import _compare, _filter_string, _search
 from components.tracking.run import TrackedRun
@@ -166,7 +167,7 @@ class Tracker:
         labels: Mapping[str, Any],
     ) -> TrackedRun:
         sha = git_sha()
-        tags: dict[str, Any] = {Tag.SUITE: self.experiment_name, Tag.ROLE: role, Tag.GIT_SHA: sha, Tag.GIT_COMMIT: sha}
+        tags: dict[str, Any] = {Tag.ROLE: role, Tag.GIT_SHA: sha, Tag.GIT_COMMIT: sha}
         if parent_run_id:
             parent = self.call("reading the parent run", lambda: self.client.get_run(parent_run_id))
             inherited = {k: v for k, v in parent.data.tags.items() if k in INHERITED_TAGS}
@@ -184,15 +185,20 @@ class Tracker:
         all_params: dict[str, Any] = {}
         if config is not None:
             data = _config_data(config)
-            all_params.update(curated_params(config.flat() if hasattr(config, "flat") else flatten(data)))
+            flat = config.flat() if hasattr(config, "flat") else flatten(data)
+            all_params.update(curated_params(flat, method=tags.get(Tag.METHOD)))
             tags[Tag.CONFIG_HASH] = sha256_json(data)
+            if isinstance(flat.get("suite"), str):  # the task suite the run's data comes from (a param too)
+                tags[Tag.SUITE] = flat["suite"]
         all_params.update(params or {})
         tag_map = {k: _clip_tag(v) for k, v in tags.items() if v is not None}
         run = self.call(
             f"creating run {name!r}",
             lambda: self.client.create_run(self.experiment_id, run_name=name, tags=tag_map),
         )
-        tracked = TrackedRun(self, run.info.run_id, run.info.experiment_id, name, load_history=False)
+        tracked = TrackedRun(
+            self, run.info.run_id, run.info.experiment_id, name, load_history=False, namespace=namespace_of(stage)
+        )
         if all_params:
             tracked.log_params(all_params)
         if config is not None:
@@ -213,7 +219,8 @@ class Tracker:
                 raise ValueError(f"run {run_id} was logged with config hash {logged}, but resumed with {given}")
         self.call(f"marking run {run_id} running", lambda: self.client.update_run(run_id, status="RUNNING"))
         name = run.data.tags.get("mlflow.runName") or run.info.run_name or run_id
-        return TrackedRun(self, run_id, run.info.experiment_id, name, load_history=True)
+        namespace = namespace_of(run.data.tags.get(Tag.STAGE))
+        return TrackedRun(self, run_id, run.info.experiment_id, name, load_history=True, namespace=namespace)
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.call(f"ending run {run_id}", lambda: self.client.set_terminated(run_id, status))

@@ -19,6 +19,7 @@ from mlflow.utils.validation import (
 
 from components.tracking.names import CONFIG_ARTIFACT, T
 from lopd_core.artifacts import sha256_json
+from lopd_core.method_rules import METHOD_RULES, applies
 
 logger = logging.getLogger(__name__)
 
@@ -60,15 +61,22 @@ LEFT_OUT = frozenset(
 _LOPD_FIELDS = frozenset({"top_m", "margin_target", "dual_lr", "n_retrieved", "n_queries"})  # an LOPDConfig itself
 
 
-def curated_params(flat: Mapping[str, Any]) -> dict[str, Any]:
+def curated_params(flat: Mapping[str, Any], method: str | None = None) -> dict[str, Any]:
     """The curated subset of a flattened config (see PARAM_NAMES, PARAM_GROUPS); an LOPDConfig logged on its
-    own (top-level top_m, margin_target, ...) keeps all its hyperparameters."""
+    own (top-level top_m, margin_target, ...) keeps all its hyperparameters. With `method` (a run of one method),
+    the method's hyperparameters are only those that apply to it (`lopd_core.method_rules.applies`): a GRPO run
+    has no `lopd.margin_target`."""
     bare_method = set(flat) >= _LOPD_FIELDS
+    method = method if method in METHOD_RULES else None
     out = {}
     for key, value in flat.items():
         last = key.rsplit(".", 1)[-1]
         if last in LEFT_OUT or ".metadata." in key:
             continue
+        if method is not None:
+            field = key if bare_method else key.removeprefix("lopd.") if key.startswith("lopd.") else None
+            if field is not None and not applies(method, field):
+                continue
         if key in PARAM_NAMES or key.startswith(PARAM_GROUPS) or bare_method:
             out[key] = value
     return out

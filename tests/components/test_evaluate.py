@@ -274,7 +274,7 @@ def test_metrics_are_logged_on_the_stage_run(tmp_path: Path) -> None:
     assert run.data.tags["mlflow.parentRunId"] == pipe.run_id and run.data.tags["method"] == "lopd"
     metrics = run.data.metrics
     assert metrics["eval/humaneval/headline"] == result.metrics["benchmarks"]["humaneval"]["headline"]["value"]
-    assert "eval/toolworld/overall/steps_per_task" in metrics and "time/total_s" in metrics
+    assert "eval/toolworld/overall/steps_per_task" in metrics and "eval/time/total_s" in metrics
     artifacts = {a.path for a in client.list_artifacts(result.result.mlflow_run_id)}
     assert {"metrics", "report.md", "refs", "config.yaml"} <= artifacts
     assert run.data.params["backbone"] == "tiny"

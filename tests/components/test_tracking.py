@@ -31,6 +31,8 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UN
 
 from components.tracking import (
     CUM_GENERATIONS,
+    DEFAULT_PANELS,
+    MARGIN_TARGET,
     NONFINITE_METRICS,
     STEP_METRICS,
     RetryPolicy,
@@ -385,7 +387,8 @@ def test_pipeline_and_stage_runs_round_trip(store, suite, tmp_path):
     child = children[0]
     tags = child.data.tags
     assert tags[Tag.PARENT_RUN] == pipe.run_id and tags[Tag.PIPELINE_RUN] == pipe.run_id
-    assert tags[Tag.STAGE] == "train" and tags[Tag.SUITE] == suite and child.info.run_name == "train"
+    assert tags[Tag.STAGE] == "train" and child.info.run_name == "train"
+    assert Tag.SUITE not in tags  # an LOPDConfig names no task suite (a stage spec does: see below)
     assert tags[Tag.METHOD] == "lopd" and tags[Tag.SEED] == "3" and tags[Tag.BACKBONE] == "tiny"  # inherited
     assert tags[Tag.BANK_SNAPSHOT] == "bank-v7"
     assert tags[Tag.PREFECT_FLOW_RUN_ID] == "flow-123" and tags[Tag.PREFECT_FLOW_RUN_URL] == flow_url
@@ -395,7 +398,7 @@ def test_pipeline_and_stage_runs_round_trip(store, suite, tmp_path):
     assert child.info.status == "FINISHED" and client.get_run(pipe.run_id).info.status == "FINISHED"
 
     params = child.data.params
-    for key, value in curated_params(cfg.flat()).items():
+    for key, value in curated_params(cfg.flat(), method="lopd").items():
         assert params[key] == param_text(value), key
     assert params["top_m"] == "10" and params["encoder_lora.r"] == "16"
     assert "encoder_lora.target_modules" not in params and "head_chunk_size" not in params  # in config.yaml
@@ -420,7 +423,7 @@ def test_a_failing_stage_marks_its_run_failed(store, suite):
         run.metrics_sink().log(0, {"margin": 0.1})
         raise RuntimeError("boom")
     got = MlflowClient(store.uri).get_run(run.run_id)
-    assert got.info.status == "FAILED" and got.data.metrics["margin"] == 0.1  # buffered points flushed on failure
+    assert got.info.status == "FAILED" and got.data.metrics["train/margin"] == 0.1  # buffered points flushed on failure
 
 
 # ---------------------------------------------------------------- per-step metrics
@@ -444,7 +447,7 @@ def test_step_metrics_history_equals_what_was_logged(store, suite):
     for i, metrics in enumerate(steps):
         sink.log(i, metrics)
     client = MlflowClient(store.uri)
-    logged_so_far = sorted(m.step for m in client.get_metric_history(run.run_id, "margin"))
+    logged_so_far = sorted(m.step for m in client.get_metric_history(run.run_id, "train/margin"))
     assert logged_so_far == [0, 1, 2, 3, 4, 5]  # two batches of 3 steps sent; step 6 still buffered
     run.end()
 
@@ -453,12 +456,14 @@ def test_step_metrics_history_equals_what_was_logged(store, suite):
 
     for key in ("distill_kl", "margin", "beta", "reward_mean", "success_rate", "generations", "tail_mass", "updated"):
         expected = [(i, float(m[key])) for i, m in enumerate(steps) if key in m and math.isfinite(float(m[key]))]
-        assert history(key) == expected, key
+        assert history(f"train/{key}") == expected, key  # the stage's namespace
     assert history(CUM_GENERATIONS) == [(0, 8.0), (1, 16.0), (2, 32.0), (3, 40.0), (4, 48.0), (5, 48.0), (6, 56.0)]
-    assert history(NONFINITE_METRICS) == [(3, 2.0), (5, 1.0)]
+    assert CUM_GENERATIONS == "train/generations_cum"
+    assert history(f"train/{NONFINITE_METRICS}") == [(3, 2.0), (5, 1.0)]
     got = client.get_run(run.run_id)
-    assert got.data.tags[Tag.NONFINITE_KEYS] == "distill_kl,generations,tail_mass"
-    assert "note" not in got.data.metrics and "bad name!" not in got.data.metrics
+    assert got.data.tags[Tag.NONFINITE_KEYS] == "train/distill_kl,train/generations,train/tail_mass"
+    assert not {k for k in got.data.metrics if not k.startswith("train/")}  # every name in the namespace
+    assert "train/note" not in got.data.metrics and "train/bad name!" not in got.data.metrics
     assert sink.generations == 56.0 and run.next_step == 7
 
 
@@ -471,8 +476,10 @@ def test_train_step_metrics_reach_mlflow(sqlite_run_dir, suite, tiny):
         for _ in range(2):
             step(make_batch())
     metrics = MlflowClient(tracker.uri).get_run(run.run_id).data.metrics
-    assert set(STEP_METRICS) <= metrics.keys(), set(STEP_METRICS) - metrics.keys()
+    expected = {f"train/{k}" for k in STEP_METRICS} | {MARGIN_TARGET}
+    assert expected <= metrics.keys(), expected - metrics.keys()
     assert metrics[CUM_GENERATIONS] == 6.0  # 3 trajectories per step, one generation each
+    assert metrics[MARGIN_TARGET] == LOPDConfig().margin_target  # m beside the margin, at every step
 
 
 # ---------------------------------------------------------------- curves, resume
@@ -525,9 +532,9 @@ def test_resume_by_run_id_continues_the_step_count(store, suite):
         sink.log(i, {"margin": 0.1 * i, "generations": 8})
     resumed.end()
 
-    history = resumed.history(["margin", CUM_GENERATIONS])
-    assert [s for s, _ in history["margin"]] == list(range(8))
-    assert history["margin"][5][1] == pytest.approx(0.5)
+    history = resumed.history(["train/margin", CUM_GENERATIONS])
+    assert [s for s, _ in history["train/margin"]] == list(range(8))
+    assert history["train/margin"][5][1] == pytest.approx(0.5)
     assert history[CUM_GENERATIONS] == [(i, 8.0 * (i + 1)) for i in range(8)]
     assert client.get_run(run_id).info.status == "FINISHED"
     with pytest.raises(ValueError, match="config hash"):
@@ -552,12 +559,12 @@ def test_a_resumed_run_that_replays_steps_logs_every_step_once(store, suite):
     resumed.end()
 
     client = MlflowClient(store.uri)
-    for key in ("margin", "beta", CUM_GENERATIONS):
+    for key in ("train/margin", "train/beta", CUM_GENERATIONS):
         steps = sorted(m.step for m in client.get_metric_history(resumed.run_id, key))
         assert steps == list(range(7)), (key, steps)
-    assert [v for _, v in resumed.history(["beta"])["beta"]] == [1.0] * 5 + [2.0] * 2
+    assert [v for _, v in resumed.history(["train/beta"])["train/beta"]] == [1.0] * 5 + [2.0] * 2
     assert resumed.history([CUM_GENERATIONS])[CUM_GENERATIONS] == [(i, 8.0 * (i + 1)) for i in range(7)]
-    nonfinite = sorted(m.step for m in client.get_metric_history(resumed.run_id, NONFINITE_METRICS))
+    nonfinite = sorted(m.step for m in client.get_metric_history(resumed.run_id, f"train/{NONFINITE_METRICS}"))
     assert nonfinite == [2, 3, 4, 5, 6]  # new values of a replayed step are still logged
 
 
@@ -607,7 +614,7 @@ def test_a_train_stage_resumed_after_the_server_died_has_every_step_once(tmp_pat
         run = client.get_run(result.mlflow_run_id)
         assert run.info.status == "FINISHED" and result.metrics["steps"] == 6
         assert len(client.search_runs([run.info.experiment_id])) == 1  # the same run was resumed
-        for key in ("distill_kl", "reward_mean", "generations", CUM_GENERATIONS):
+        for key in ("train/distill_kl", "train/reward_mean", "train/generations", CUM_GENERATIONS):
             steps = sorted(m.step for m in client.get_metric_history(result.mlflow_run_id, key))
             assert steps == list(range(6)), (key, steps)
     finally:
@@ -647,12 +654,15 @@ def test_comparison_table_and_equal_budget_view(store, suite, tmp_path):
         assert row["backbone"] == "tiny" and row["benchmark"] == "bfcl-base" and row["stage"] == "train"
         assert row["pipeline_run_id"] == pipe.run_id and row["status"] == "FINISHED"
         assert row["step"] == 4 and row["generations"] == 5 * gens
-        assert row["success_rate"] == success[-1] and row["reward_mean"] == success[-1] / 2
-        assert row["margin"] == pytest.approx(0.04)
+        assert row["train/success_rate"] == success[-1] and row["train/reward_mean"] == success[-1] / 2
+        assert row["train/margin"] == pytest.approx(0.04)
 
     budget = compare_runs(
-        store.uri, suite, pipeline_run_id=pipe.run_id, stage="train", budget=65, metrics=["success_rate", "margin"]
-    )
+        store.uri, suite, pipeline_run_id=pipe.run_id, stage="train", budget=65,
+        metrics=["train/success_rate", "train/margin"],
+    )  # fmt: skip
+    for r in budget:
+        r["success_rate"], r["margin"] = r.pop("train/success_rate"), r.pop("train/margin")
     picked = {(r["method"], r["seed"]): (r["step"], r["generations"], r["success_rate"], r["margin"]) for r in budget}
     assert picked[("lopd", 0)] == (4, 50, 0.9, pytest.approx(0.04))  # 50 <= 65: the whole run
     assert picked[("grpo", 0)] == (1, 60, 0.2, 0.0)  # 30, 60 <= 65 < 90: step 1; margin as of step 0
@@ -660,7 +670,7 @@ def test_comparison_table_and_equal_budget_view(store, suite, tmp_path):
     assert all(r["budget"] == 65 and set(r) >= {"run_id", "success_rate", "margin"} for r in budget)
     small = compare_runs(store.uri, suite, pipeline_run_id=pipe.run_id, stage="train", budget=20)
     assert {(r["method"], r["step"], r["generations"]) for r in small} == {("lopd", 1, 20), ("grpo", None, None)}
-    assert all(r["success_rate"] is None for r in small if r["method"] == "grpo")
+    assert all(r["train/success_rate"] is None for r in small if r["method"] == "grpo")
 
     summary = aggregate(budget, by=("method",), metrics=("success_rate",))
     assert [(s["method"], s["n_runs"], s["seeds"]) for s in summary] == [("grpo", 2, [0, 1]), ("lopd", 2, [0, 1])]
@@ -675,7 +685,7 @@ def test_comparison_table_and_equal_budget_view(store, suite, tmp_path):
         ("train", 9),
     ]
     evaluation = tracker.compare(pipeline_run_id=pipe.run_id, stage="evaluate")
-    assert [(r["method"], r["success_rate"]) for r in evaluation] == [("lopd", 0.66)]
+    assert [(r["method"], r["eval/success_rate"]) for r in evaluation] == [("lopd", 0.66)]
 
     run_ids = [r["run_id"] for r in rows]
     for x in ("generations", "step"):
@@ -720,19 +730,43 @@ def test_stage_runs_are_named_by_arm_seed_and_stage(store, suite):
     assert names == ["grpo s1 · train", "lopd m=0 s0 · evaluate", "bank"]
 
 
-def test_the_margin_target_line_reads_what_a_train_stage_logs(store, suite):
-    """The train stage logs its whole spec, so the margin target is the param `lopd.margin_target`."""
+def test_params_are_those_of_the_runs_method_and_the_suite_tag_is_the_task_suite(store, suite):
+    """A GRPO train run shows no LOPD-only hyperparameter (margin target, composer) and LOPD's shows them; the
+    `suite` tag is the spec's task suite, as its `suite` param, not the experiment's name."""
     from components.train import TrainSpec
 
     tracker = store.open(suite)
     ref = {"uri": "/nowhere", "kind": "dataset", "sha256": "0" * 64}
-    spec = TrainSpec(dataset=ref, lopd={"method": "opsd", "margin_target": 0.07})
-    with tracker.start_stage("train", config=spec) as run:
-        assert run.curve_references() == {"margin": 0.07}
-    with tracker.start_stage("train", config=LOPDConfig(margin_target=0.05)) as run:
-        assert run.curve_references() == {"margin": 0.05}
-    with tracker.start_stage("collect", config={"episodes": 4}) as run:
-        assert run.curve_references() == {}
+    runs = {}
+    for method in ("grpo", "opsd", "lopd"):
+        extra = {"bank_snapshot": ref | {"kind": "bank_snapshot"}, "composer": ref | {"kind": "checkpoint"}}
+        spec = TrainSpec(dataset=ref, suite="toolworld-rules", lopd={"method": method},
+                         schedule={"samples_per_task": 2}, **(extra if method == "lopd" else {}))  # fmt: skip
+        with tracker.start_stage("train", config=spec, method=method) as run:
+            runs[method] = MlflowClient(store.uri).get_run(run.run_id).data
+    grpo, opsd, lopd = (runs[m].params for m in ("grpo", "opsd", "lopd"))
+    assert "lopd.margin_target" not in grpo and "lopd.n_queries" not in grpo and "lopd.top_m" not in grpo
+    assert grpo["lopd.baseline.clip_eps"] == "0.2" and grpo["lopd.student_lr"] == "1e-05"
+    assert "lopd.margin_target" not in opsd and "lopd.n_queries" not in opsd and opsd["lopd.top_m"] == "20"
+    assert "lopd.baseline.clip_eps" not in opsd and "lopd.baseline.teacher_sync" in opsd
+    assert lopd["lopd.margin_target"] == "0.05" and lopd["lopd.n_queries"] == "32" and lopd["lopd.top_m"] == "20"
+    assert "lopd.baseline.clip_eps" not in lopd and "lopd.baseline.teacher_sync" not in lopd
+    assert all(runs[m].tags[Tag.SUITE] == "toolworld-rules" == runs[m].params["suite"] for m in runs)
+
+
+def test_the_margin_target_is_drawn_from_its_metric(store, suite, tmp_path):
+    """An LOPD run logs m as `train/margin_target`; the margin panel draws it dashed, labelled "target m"."""
+    from components.tracking.plots import render_curves
+    from components.tracking.query import run_series
+
+    tracker = store.open(suite)
+    with tracker.start_stage("train") as run:
+        for i in range(4):
+            run.metrics_sink().log(i, {"margin": 0.02 * i, "margin_target": 0.05, "beta": 0.1, "generations": 4})
+    series = run_series(tracker, run.run_id, [k for panel in DEFAULT_PANELS for k in panel])
+    assert series.history[MARGIN_TARGET] == [(i, 0.05) for i in range(4)]
+    out = render_curves([series], DEFAULT_PANELS, "generations", tmp_path / "c.png")
+    assert_png(out)
 
 
 def test_stage_params_are_the_curated_set_and_config_yaml_the_full_spec(store, suite, tmp_path):

@@ -66,7 +66,7 @@ def test_a_few_steps_lower_distill_kl(tiny):
     assert kls[0] > 1e-3
     assert kls[-1] < 0.7 * kls[0], kls
     assert [s for s, _ in sink.rows] == list(range(6))
-    keys = {"distill_kl", "margin", "beta", "anchor", "privilege_mean", "teacher_topm_mass", "tail_mass",
+    keys = {"distill_kl", "margin", "beta", "anchor", "privilege", "teacher_topm_mass", "tail_mass",
             "n_action_tokens", "n_overlength", "step_seconds"}  # fmt: skip
     assert keys <= sink.rows[-1][1].keys()
     assert sink.rows[0][1]["anchor"] == pytest.approx(0.0, abs=1e-10)  # c_phi equals c_phi0 before any update

@@ -20,18 +20,19 @@ from typer.testing import CliRunner
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT_YAML = ROOT / "prefect.yaml"
 TEMPLATE = ROOT / "k8s" / "prefect" / "gpu-job-template.json"
+LOCAL_PIPELINE, K8S_PIPELINE = "lopd-pipeline/pipeline-on-this-machine", "lopd-pipeline/pipeline-on-kubernetes"
 EXPECTED = {
-    "lopd-pipeline/local": "lopd-process",
-    "lopd-pipeline/k8s": "lopd-gpu",
-    "lopd-study/local": "lopd-process",
-    "lopd-stage/sft": "lopd-gpu",
-    "lopd-stage/collect": "lopd-gpu",
-    "lopd-stage/cold-start": "lopd-gpu",
-    "lopd-stage/train": "lopd-gpu",
-    "lopd-stage/evaluate": "lopd-gpu",
-    "lopd-stage/local": "lopd-process",
-    "lopd-retrain/local": "lopd-process",
-    "bank-watch/local": "lopd-process",
+    "lopd-pipeline/pipeline-on-this-machine": "lopd-process",
+    "lopd-pipeline/pipeline-on-kubernetes": "lopd-gpu",
+    "lopd-study/study-on-this-machine": "lopd-process",
+    "lopd-stage/sft-gpu-pod": "lopd-gpu",
+    "lopd-stage/collect-gpu-pod": "lopd-gpu",
+    "lopd-stage/cold-start-gpu-pod": "lopd-gpu",
+    "lopd-stage/train-gpu-pod": "lopd-gpu",
+    "lopd-stage/evaluate-gpu-pod": "lopd-gpu",
+    "lopd-stage/stage-in-a-process": "lopd-process",
+    "lopd-retrain/retrain-on-bank-growth": "lopd-process",
+    "bank-watch/watch-bank-growth": "lopd-process",
 }
 
 
@@ -61,8 +62,16 @@ def test_deployment_names_pools_and_entrypoints(deployments):
         assert on_gpu_pool == bool(pulls), name  # image deployments load the flows from /opt/lopd
         if on_gpu_pool:
             image = dep["work_pool"]["job_variables"]["image"]
-            assert image == ("lopd-platform:cpu" if name == "lopd-pipeline/k8s" else "lopd-platform:gpu")
-    assert deployments["lopd-pipeline/k8s"]["parameters"]["config"]["execution"]["mode"] == "deployments"
+            assert image == ("lopd-platform:cpu" if name == K8S_PIPELINE else "lopd-platform:gpu")
+    assert "execution.mode=deployments" in deployments[K8S_PIPELINE]["parameters"]["overrides"]
+    assert deployments[LOCAL_PIPELINE]["parameters"] == {"preset": "tiny"}  # what Quick run starts: minutes on CPU
+
+
+def test_deployment_names_are_unique_and_say_what_they_do(deployments):
+    """The automation card and the deployments list show the name alone ("Run deployment: NAME")."""
+    names = [name.split("/")[1] for name in deployments]
+    assert len(set(names)) == len(names), names
+    assert all(n not in ("local", "k8s", "default") for n in names)
 
 
 def test_retrain_trigger_matches_the_bank_watch_event(deployments):
@@ -71,7 +80,7 @@ def test_retrain_trigger_matches_the_bank_watch_event(deployments):
 
     from flows.retrain import EVENT, bank_resource_id
 
-    dep = deployments["lopd-retrain/local"]
+    dep = deployments["lopd-retrain/retrain-on-bank-growth"]
     (raw,) = dep["triggers"]
     trigger = DeploymentEventTrigger.model_validate(raw)
     assert trigger.expect == {EVENT} and trigger.threshold == 1 and trigger.within.total_seconds() >= 60
@@ -81,15 +90,17 @@ def test_retrain_trigger_matches_the_bank_watch_event(deployments):
     assert set(trigger.parameters) == {"run_dir", "bank_version", "min_growth"}
     assert dep["concurrency_limit"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}
     assert not any(s.get("active", True) for s in dep["schedules"])  # cron schedule shipped off
-    assert not any(s.get("active", True) for s in deployments["bank-watch/local"]["schedules"])
+    assert not any(s.get("active", True) for s in deployments["bank-watch/watch-bank-growth"]["schedules"])
 
 
 def test_flow_parameters_are_a_typed_form_with_paper_defaults():
     from flows.pipeline import lopd_pipeline
 
     schema = lopd_pipeline.parameters.model_dump()
+    assert list(schema["properties"]) == ["preset", "overrides", "config"]  # the common choice first
+    assert schema["properties"]["preset"]["default"] == "tiny" and "paper" in schema["properties"]["preset"]["enum"]
     config = schema["properties"]["config"]
-    assert config["$ref"].endswith("PipelineConfig")
+    assert config["anyOf"][0]["$ref"].endswith("PipelineConfig") and config["default"] is None  # None: the preset
     lopd = schema["definitions"]["SweepLOPDConfig"]["properties"]
     assert lopd["top_m"]["default"] == 20 and lopd["n_queries"]["default"] == 32
     assert lopd["margin_target"]["default"] == 0.05 and "method" not in lopd  # the sweep sets the method
@@ -125,7 +136,7 @@ def test_train_stage_run_renders_to_a_gpu_job(deployments, tmp_path):
     ctx = stage_context(cfg)
     assert ctx.remote_stages == ("sft", "collect", "cold_start", "train", "evaluate")
     # The server merges the deployment's job variables with the run's (the run's win), as run_deployment sends them.
-    values = {**deployments["lopd-stage/train"]["work_pool"]["job_variables"], **ctx.job_variables_for("train")}
+    values = {**deployments["lopd-stage/train-gpu-pod"]["work_pool"]["job_variables"], **ctx.job_variables_for("train")}
     job = render(json.loads(TEMPLATE.read_text()), values)
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -138,7 +149,7 @@ def test_train_stage_run_renders_to_a_gpu_job(deployments, tmp_path):
     assert env["LOPD_ARTIFACT_ROOT"] == "s3://lopd-artifacts/runs" and env["LOPD_QDRANT_URL"] == "http://qdrant:6333"
     assert {"configMapRef": {"name": "lopd-services"}} in container["envFrom"]
     # The pipeline pod itself asks for no GPU.
-    pipe = render(json.loads(TEMPLATE.read_text()), deployments["lopd-pipeline/k8s"]["work_pool"]["job_variables"])
+    pipe = render(json.loads(TEMPLATE.read_text()), deployments[K8S_PIPELINE]["work_pool"]["job_variables"])
     (pipe_container,) = pipe["spec"]["template"]["spec"]["containers"]
     assert pipe_container["resources"]["limits"]["nvidia.com/gpu"] == 0
     assert pipe_container["image"] == "lopd-platform:cpu"
@@ -155,7 +166,7 @@ def test_train_nproc_sets_the_pods_gpu_request(deployments, tmp_path):
                              "train.schedule.tasks_per_step=16"])  # fmt: skip
     assert cfg.train.nproc == 8
     spec = SimpleNamespace(nproc=cfg.train.nproc)
-    values = {**deployments["lopd-stage/train"]["work_pool"]["job_variables"],
+    values = {**deployments["lopd-stage/train-gpu-pod"]["work_pool"]["job_variables"],
               **gpu_variables("train", spec, stage_context(cfg).job_variables_for("train"))}  # fmt: skip
     job = render(json.loads(TEMPLATE.read_text()), values)
     (container,) = job["spec"]["template"]["spec"]["containers"]
@@ -281,10 +292,22 @@ def test_pipeline_form_is_compact():
         assert "$ref" not in prop and "properties" not in prop and "items" not in prop, folded
         assert prop["default"] and "edit as JSON" in prop["description"], folded
     # 172 form fields before folding (100 with sft.* under its null switch; 101 with lopd.length_grouping, a
-    # knob of the step's speed beside lopd.head_chunk_size)
-    assert len(paths) <= 101, sorted(paths)
+    # knob of the step's speed beside lopd.head_chunk_size), behind the config's tab: preset and overrides first
+    assert [p for p in paths if not p.startswith("config")] == ["preset", "overrides"]
+    assert len([p for p in paths if p.startswith("config")]) <= 101, sorted(paths)
+    # no "Property is type None" tab: a scalar that defaults to null is shown as its type (left empty: null)
+    scalars = ("string", "integer", "number", "boolean")
+    noise = [
+        p
+        for p, prop in paths.items()
+        if prop.get("default", 0) is None and any(b.get("type") in scalars for b in prop.get("anyOf", []))
+    ]
+    assert not noise, noise
+    assert paths["config.artifact_root"]["type"] == "string" and "default" not in paths["config.artifact_root"]
+    # settable: one choice of three, not a const
+    assert paths["config.lopd.gradient_checkpointing"]["enum"] == ["auto", True, False]
     # the form's JSON editors show the config's dump: benchmarks as one writes them, not 13 keys each
-    assert schema["properties"]["config"]["default"]["evaluate"]["benchmarks"] == ["toolworld", "bfcl", "humaneval"]
+    assert paths["config.evaluate.benchmarks"]["default"] == ["toolworld", "bfcl", "humaneval"]
 
 
 def test_every_config_field_is_described():

@@ -123,7 +123,7 @@ def deltas(tmp_path_factory) -> dict[str, dict]:
     warm = study_warm_start(STUDY, tmp / "sft", LEVEL_1, threads=2)
     cfg = load_config(STUDY, learning_overrides(tmp / "study", warm, seed=0))
     with prefect_test_harness(server_startup_timeout=180):
-        summary = lopd_pipeline(cfg)
+        summary = lopd_pipeline(config=cfg)
     study = json.loads((Path(summary["report"]).parent / "study.json").read_text())
     table = study["benchmarks"][BENCHMARK]
     for arm in ARMS:

@@ -54,7 +54,7 @@ def first(harness, pipe_dir):
     from flows.pipeline import lopd_pipeline
 
     t0 = time.perf_counter()
-    summary = lopd_pipeline(config(pipe_dir))
+    summary = lopd_pipeline(config=config(pipe_dir))
     return summary, time.perf_counter() - t0
 
 
@@ -120,7 +120,7 @@ def test_rerun_takes_everything_from_the_cache(first, pipe_dir):
 
     _, first_s = first
     t0 = time.perf_counter()
-    again = lopd_pipeline(config(pipe_dir))
+    again = lopd_pipeline(config=config(pipe_dir))
     rerun_s = time.perf_counter() - t0
     assert ran(again) == []
     assert rerun_s < 0.25 * first_s, (rerun_s, first_s)  # the bench measures the 5% goal; CI machines are noisy
@@ -132,7 +132,7 @@ def test_a_lost_bank_comes_back_from_its_snapshot(first, pipe_dir):
     from flows.stages import bank_version
 
     shutil.rmtree(pipe_dir / "bank")  # e.g. a fresh pod: the live bank is gone, its snapshot is in the store
-    again = lopd_pipeline(config(pipe_dir))
+    again = lopd_pipeline(config=config(pipe_dir))
     assert ran(again) == []
     assert bank_version(str(pipe_dir / "bank"), "experience") == 1
 
@@ -140,7 +140,7 @@ def test_a_lost_bank_comes_back_from_its_snapshot(first, pipe_dir):
 def test_changed_parameter_reruns_only_downstream(first, pipe_dir):
     from flows.pipeline import lopd_pipeline
 
-    changed = lopd_pipeline(config(pipe_dir, "train.schedule.steps=2"))
+    changed = lopd_pipeline(config=config(pipe_dir, "train.schedule.steps=2"))
     assert ran(changed) == ["train lopd seed 0", "evaluate lopd seed 0", "report"]
     assert cached(changed) == ["collect", "bank", "cold-start seed 0", "evaluate base"]
 
@@ -180,7 +180,7 @@ def test_bank_growth_is_announced_once_and_retrains_what_reads_the_bank(first, p
     assert json.loads((pipe_dir / "trained.json").read_text())["bank_version"] == announced["version"]
     assert bank_watch(run_dir=str(pipe_dir), min_growth=1)["status"] == "waiting"
     assert lopd_retrain(run_dir=str(pipe_dir))["status"] == "up-to-date"
-    assert ran(lopd_pipeline(config(pipe_dir, "train.schedule.steps=2"))) == []
+    assert ran(lopd_pipeline(config=config(pipe_dir, "train.schedule.steps=2"))) == []
 
 
 def test_unreachable_mlflow_is_retried_then_fails(harness, tmp_path):
@@ -195,7 +195,7 @@ def test_unreachable_mlflow_is_retried_then_fails(harness, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens there once the socket is closed
-    state = lopd_pipeline(config(tmp_path, f"tracking_uri=http://127.0.0.1:{port}"), return_state=True)
+    state = lopd_pipeline(config=config(tmp_path, f"tracking_uri=http://127.0.0.1:{port}"), return_state=True)
     assert state.is_failed()
     with pytest.raises(TrackingUnavailableError, match="unreachable"):
         state.result()

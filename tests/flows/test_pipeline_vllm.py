@@ -23,7 +23,7 @@ def test_vllm_tiny_pipeline(tmp_path: Path) -> None:
 
     cfg = load_config(ROOT / "configs" / "tiny.yaml", [*LEAN, f"run_dir={tmp_path}", *VLLM])
     assert cfg.collect.rollout.engine == cfg.train.rollout.engine == cfg.evaluate.rollout.engine == "vllm"
-    summary = lopd_pipeline(cfg)
+    summary = lopd_pipeline(config=cfg)
     assert ran(summary) == [
         "collect", "bank", "cold-start seed 0", "train lopd seed 0", "evaluate base", "evaluate lopd seed 0", "report",
     ]  # fmt: skip

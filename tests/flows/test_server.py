@@ -4,9 +4,9 @@ grow the bank, and see bank-watch's event trigger the re-training deployment, wh
 `prefect server start` on 127.0.0.1 (a free port) on a fresh PostgreSQL database (127.0.0.1:5432, trust auth,
 user $LOPD_TEST_PG_USER, admin database $LOPD_TEST_PG_DB; dropped at the end), as the Kubernetes deployment
 runs it; `lopd deploy` creates the work pools and registers every deployment; `prefect worker start --pool
-lopd-process` runs the flow runs as subprocesses. The pipeline sends its evaluations to the lopd-stage/local
-deployment (mode=deployments), so the scale-out path (run_deployment, job variables, the result hand-off
-through the stage cache) runs too. Every process started here is stopped by its process group.
+lopd-process` runs the flow runs as subprocesses. The pipeline sends its evaluations to the
+lopd-stage/stage-in-a-process deployment (mode=deployments), so the scale-out path (run_deployment, job variables,
+the result hand-off through the stage cache) runs too. Every process started here is stopped by its process group.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ LEAN = [
     "evaluate.base=false",
     "execution.mode=deployments",
     "execution.remote_stages=[evaluate]",
-    "execution.deployments={evaluate: lopd-stage/local}",
+    "execution.deployments={evaluate: lopd-stage/stage-in-a-process}",
     "execution.job_variables={evaluate: {env: {LOPD_TEST_MARK: x}}}",
 ]
 # Services the test does not need (the trigger, action, event and task-run services stay on).
@@ -175,10 +175,11 @@ def test_deploy_run_pipeline_and_retrain_on_bank_growth(server, tmp_path):
     worker_cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", "lopd-process", "--type", "process"]
     run_dir = tmp_path / "run"
     with started(worker_cmd, worker_env, server["home"] / "worker.log"):
-        # 1. the pipeline deployment; its evaluations run as lopd-stage/local flow runs
+        # 1. the pipeline deployment; its evaluations run as lopd-stage/stage-in-a-process flow runs
         t0 = time.monotonic()
         config = [arg for item in [*LEAN, f"run_dir={run_dir}"] for arg in ("-s", item)]
-        shown = lopd(server, "run", str(ROOT / "configs" / "tiny.yaml"), *config, "-d", "lopd-pipeline/local")
+        tiny = str(ROOT / "configs" / "tiny.yaml")
+        shown = lopd(server, "run", tiny, *config, "-d", "lopd-pipeline/pipeline-on-this-machine")
         timings["pipeline_s"] = round(time.monotonic() - t0, 1)
         (pipe_run,) = flow_runs(server, "lopd-pipeline")
         # what the user sees: the table, where things are and the UI link, as a local run prints them

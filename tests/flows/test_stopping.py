@@ -23,7 +23,7 @@ from tests.flows.presets import LEAN
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 GRACE_S = 30  # Kubernetes' default terminationGracePeriodSeconds
-STEPS = 40
+STEPS = 100  # long enough that SIGTERM lands mid-training on a fast machine (40 steps did not, in CI)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,8 @@ def api_url(harness):
 
 def start(run_dir: Path, api_url: str, *extra: str) -> subprocess.Popen[str]:
     args = [*LEAN, f"run_dir={run_dir}", "methods=[grpo]", "train.schedule.samples_per_task=2",
-            f"train.schedule.steps={STEPS}", "train.schedule.checkpoint_every=5", "execution.mode=subprocess",
+            f"train.schedule.steps={STEPS}", "train.schedule.checkpoint_every=5", "train.rollout.max_new_tokens=24",
+            "execution.mode=subprocess",
             "execution.retry_delay_s=0.2", *extra]  # fmt: skip
     cmd = [sys.executable, "-c", "from flows.cli import app; app()", "run", str(ROOT / "configs" / "tiny.yaml")]
     for item in args:
