@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: venv venv-vllm bwrap demo demo-tiny test test-slow test-learning lint format bench clean validate-deploy image
+.PHONY: venv venv-vllm bwrap browser demo demo-tiny test test-slow test-learning lint format bench clean validate-deploy image
 
 # Create/refresh the virtual environment. torch==2.13.0 goes first so nothing later pulls a CUDA build.
 $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
@@ -43,6 +43,13 @@ bwrap:
 		{ apt-get update -q && apt-get install -y -q bubblewrap; }; }; } || \
 		{ echo "the sandbox needs bubblewrap: run 'apt-get install -y bubblewrap' as root" >&2; exit 1; }
 
+# The browser test (tests/flows/test_browser.py, slow) drives Debian's headless chromium with Playwright; installed
+# here when root (no browser is downloaded from anywhere else).
+browser:
+	@command -v chromium >/dev/null || { test "$$(id -u)" = 0 && { apt-get install -y -q chromium || \
+		{ apt-get update -q && apt-get install -y -q chromium; }; }; } || \
+		{ echo "the browser test needs chromium: run 'apt-get install -y chromium' as root" >&2; exit 1; }
+
 # The main job: the whole DAG (sft -> collect -> bank -> GRPO train -> evaluate -> report) on embedded defaults
 # (Prefect's ephemeral API, embedded Qdrant, MLflow sqlite store) on the positive control, toolworld-rules: a warm
 # start built here, then a trained student that beats it on held-out tasks (~5 min; configs/demo.yaml).
@@ -64,7 +71,7 @@ format: venv
 test: venv lint
 	$(PY) -m pytest -q
 
-test-slow: venv
+test-slow: venv browser
 	$(PY) -m pytest -q -m "slow and not learning"
 
 # The learning-regression test (tests/flows/test_learning.py): short GRPO and LOPD runs from a warm start on the

@@ -78,7 +78,9 @@ def print_summary(summary: dict[str, Any], elapsed: float | None = None) -> None
         f"in {summary['tracking_uri']}"
     )
     if summary.get("mlflow_ui"):
-        echo(f"  open the MLflow UI:  {summary['mlflow_ui']}   then http://127.0.0.1:5000")
+        echo(f"  open the MLflow UI:  {summary['mlflow_ui']}")
+    if summary.get("mlflow_url"):  # training mode, score columns, the generations x axis
+        echo(f"  the runs:            {summary['mlflow_url']}")
     flow_run_id = summary.get("flow_run_id")
     if os.environ.get("PREFECT_API_URL"):
         echo(f"Prefect:        flow run {summary.get('flow_run_url') or flow_run_id}")
@@ -398,6 +400,8 @@ def deploy(
 def deploy_summary(api_url: str) -> str:
     """What `lopd deploy` leaves on the server, read back from it: each deployment with its pool and what it
     does, then the next steps (a worker, a first run, the UI)."""
+    from textwrap import shorten
+
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
@@ -407,7 +411,7 @@ def deploy_summary(api_url: str) -> str:
     width = max((len(r[0]) for r in rows), default=0)
     ui = api_url.rstrip("/").removesuffix("/api")
     lines = [f"\n{len(rows)} deployments on {ui}:"]
-    lines += [f"  {name:<{width}}  {pool:<12}  {desc.split('. ')[0][:70]}" for name, pool, desc in rows]
+    lines += [f"  {name:<{width}}  {pool:<12}  {shorten(desc, 70, placeholder=' ...')}" for name, pool, desc in rows]
     lines += [
         "Next:",
         f"  prefect worker start --pool {PROCESS_POOL}          # runs the *-on-this-machine deployments here",

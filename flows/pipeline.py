@@ -33,7 +33,7 @@ from components.common import StageResult
 from components.tracking import Tag, Tracker, redact
 from flows.config import PipelineConfig, Preset, preset_config, with_overrides
 from flows.lifecycle import RunDirLock
-from flows.report import ORACLE_LABEL, ReportSpec, section, study_tables
+from flows.report import ORACLE_LABEL, ReportSpec, arms_table, section, study_tables
 from flows.specs import bank_spec, cold_start_spec, collect_spec, common_fields, evaluate_spec, sft_spec, train_spec
 from flows.stages import StageContext, retry_transient, stage_key, stage_task
 from lopd_core.artifacts import ArtifactRef
@@ -266,7 +266,8 @@ def lopd_pipeline(
                 title=f"LOPD pipeline: {', '.join(cfg.methods)} x seeds {cfg.seeds}",
                 evaluate_run_ids=[o.result.mlflow_run_id for o in evaluated if o.result.mlflow_run_id],
                 evaluations=[o.result.artifacts["metrics"] for o in evaluated],
-                episodes=[o.result.artifacts["episodes"] for o in evaluated] if cfg.is_study else [],
+                episodes=[o.result.artifacts["episodes"] for o in evaluated],  # per-task: success, paired Δ
+                study=cfg.is_study,
                 train_seconds={
                     t.result.mlflow_run_id: t.result.metrics["seconds"]
                     for t in trained
@@ -322,12 +323,15 @@ def publish(
     pipe_url = tracker.run_url(pipe)
     text = browser_images(text, report_dir, f"{uri.rstrip('/')}" if tracker.is_server else None, pipe)
     ui = mlflow_ui_command(uri)
+    runs_url = tracker.experiment_url(None if tracker.is_server else LOCAL_UI)
     header = [
         f"MLflow pipeline run: {f'[{pipe}]({pipe_url})' if pipe_url else f'`{pipe}`'} "
         f"(experiment `{cfg.experiment}`, store `{redact(uri)}`)"
     ]
     if ui:
-        header.append(f"Open the MLflow UI: `{ui}`")
+        header.append(f"Open the MLflow UI: `{ui}`, then {runs_url}")
+    else:
+        header.append(f"The runs in MLflow: {runs_url}")
     header.append(f"Artifacts: `{cfg.resolved_artifact_root()}`; this report: `{report_dir}`")
     cached = [o.label for o in outcomes if o.cached]
     header.append(f"Stages from the cache: {', '.join(cached) if cached else 'none'}")
@@ -340,8 +344,17 @@ def publish(
     from components.tracking import TrackedRun
     from flows.report import pipeline_metrics
 
-    # on the pipeline run too: the runs MLflow's default view lists (stage runs are nested under it)
-    TrackedRun(tracker, pipe, tracker.experiment_id, "pipeline", load_history=False).log_metrics(pipeline_metrics(data))
+    # on the pipeline run too: the runs MLflow's default view lists (stage runs are nested under it); a row per arm
+    # in its arms.json table (the artifact view shows it as a table); the experiment's view shows the score columns
+    by_arm = pipeline_metrics(data)
+    TrackedRun(tracker, pipe, tracker.experiment_id, "pipeline", load_history=False).log_metrics(by_arm)
+    table = arms_table(data)
+    if table["data"]:
+        columns = {c: [row[i] for row in table["data"]] for i, c in enumerate(table["columns"])}
+        tracker.call("logging arms.json", lambda: tracker.client.log_table(pipe, columns, ARMS_TABLE))
+    benches = sorted({b for r in data["evaluations"] for b in r["benchmarks"]})
+    arm_scores = [f"{arm}/eval/{b}" for arm in dict.fromkeys(k.split("/")[0] for k in by_arm) for b in benches]
+    tracker.publish_view([f"eval/{b}/headline" for b in benches] + [k for k in arm_scores if k in by_arm])
     rows = [
         {
             "model": r["label"],
@@ -361,6 +374,7 @@ def publish(
         "tracking_uri": redact(uri),
         "experiment": cfg.experiment,
         "mlflow_ui": ui,
+        "mlflow_url": runs_url,
         "pipeline_run_id": pipe,
         "flow_run_id": flow_run_id,
         "flow_run_url": flow_run_url,
@@ -405,6 +419,10 @@ def browser_images(text: str, report_dir: Path, server: str | None, run_id: str)
             note = f"{png.name} ({len(data) // 1000} kB): MLflow artifact report/{png.name} of run {run_id}"
             text = re.sub(rf"!\[([^\]]*)\]\({re.escape(png.name)}\)", lambda m, n=note: f"{m.group(1)}: {n}", text)
     return text
+
+
+LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow_ui_command` serves a local store
+ARMS_TABLE = "arms.json"  # the pipeline run's table: a row per arm (MLflow's artifact view renders it)
 
 
 def mlflow_ui_command(uri: str) -> str | None:

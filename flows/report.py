@@ -23,6 +23,7 @@ from pydantic import Field
 from components.common import StageResult, StageSpec
 from components.tracking import Tag, Tracker, plot_runs, redact, train_metric
 from lopd_core.artifacts import ArtifactRef
+from lopd_core.evaluation.stats import Estimate, mean_interval, wilson
 
 LABEL_TAG = "lopd.label"
 ORACLE_LABEL = "oracle warm start (rule-following demonstrations)"  # the positive control's ceiling (oracle: true)
@@ -50,7 +51,8 @@ class ReportSpec(StageSpec):
     evaluate_run_ids: list[str] = Field(default_factory=list)  # one row each, in this order
     evaluations: list[ArtifactRef] = Field(default_factory=list)  # their metrics.json (the cache key's inputs)
     budget: float | None = None  # equal-budget view; None = the smallest final generation count
-    episodes: list[ArtifactRef] = Field(default_factory=list)  # per evaluation (same order): records.jsonl (study)
+    episodes: list[ArtifactRef] = Field(default_factory=list)  # per evaluation (same order): records.jsonl
+    study: bool = True  # with episodes: the study section too (a comparison at an equal budget)
     train_seconds: dict[str, float] = Field(default_factory=dict)  # train run id -> wall seconds (study table)
     reference_arm: str = "grpo"  # the study's sample-efficiency reference
 
@@ -182,17 +184,84 @@ def benchmarks_of(rows: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(b for row in rows for b in row["benchmarks"]))
 
 
+def add_task_stats(rows: list[dict[str, Any]], episodes: dict[str, Path]) -> None:
+    """Per row and benchmark, from the evaluation's per-task records: the success rate with its Wilson interval
+    (`success`) and the paired per-task difference of the reward to the base model with its t interval over the
+    tasks both scored (`delta`; 0-100 scale). In place; a benchmark without records is left as it is."""
+    from flows.study import read_records
+
+    base = next((r for r in rows if r["method"] == "base" and r["run_id"] in episodes), None)
+    for row in rows:
+        if row["run_id"] not in episodes:
+            continue
+        for bench, cell in row["benchmarks"].items():
+            rewards = read_records(episodes[row["run_id"]], bench)
+            if not rewards:
+                continue
+            cell["success"] = wilson(sum(v >= 1.0 for v in rewards.values()), len(rewards)).to_dict()
+            if base is not None and row is not base:
+                ref = read_records(episodes[base["run_id"]], bench)
+                common = sorted(set(rewards) & set(ref))
+                if common:
+                    diffs = [rewards[t] - ref[t] for t in common]
+                    cell["delta"] = mean_interval(diffs, bounds=(-1.0, 1.0)).to_dict()
+
+
 def evaluation_table(rows: list[dict[str, Any]], generations: dict[str, float | None]) -> str:
-    """Models x benchmarks: headline scores (0-100) with 95% intervals; n and training generations."""
+    """Models x benchmarks: headline scores (0-100) with 95% intervals and n; where the per-task records are
+    there, the success rate with its Wilson interval and the paired difference to the base model."""
     benches = benchmarks_of(rows)
-    header = ["Model", "Method", "Seed", "Train generations", *[f"{b} (n)" for b in benches]]
+    detailed = {b for b in benches for r in rows if "success" in (r["benchmarks"].get(b) or {})}
+    header = ["Model", "Method", "Seed", "Train generations"]
+    for b in benches:
+        header.append(f"{b} (n)")
+        if b in detailed:
+            header += [f"{b} success % [Wilson]", f"{b} Δ reward vs base [paired]"]
     body = []
     for row in rows:
-        ns = {b: (row["benchmarks"].get(b) or {}).get("n") for b in benches}
-        cells = [f"{_score(row['benchmarks'].get(b))} ({int(ns[b]) if ns[b] is not None else '-'})" for b in benches]
         gens = generations.get(row["train_run_id"] or "", 0.0 if row["method"] == "base" else None)
+        cells = []
+        for b in benches:
+            cell = row["benchmarks"].get(b) or {}
+            n = cell.get("n")
+            cells.append(f"{_score(cell)} ({int(n) if n is not None else '-'})")
+            if b in detailed:
+                cells.append(Estimate.from_dict(cell["success"]).format() if cell.get("success") else "-")
+                delta = "0 (reference)" if row["method"] == "base" else "-"
+                cells.append(_signed(Estimate.from_dict(cell["delta"])) if cell.get("delta") else delta)
         body.append([row["label"], row["method"] or "-", _fmt(row["seed"]), _fmt(gens), *cells])
     return _table(header, body)
+
+
+def _signed(est: Estimate) -> str:
+    return f"{est.value:+.1f} [{est.lo:+.1f}, {est.hi:+.1f}]"
+
+
+def arms_table(comparison: dict[str, Any]) -> dict[str, list[Any]]:
+    """A row per arm (the base model and the oracle included), means over its seeds: headline score, paired Δ
+    to the base model and success rate per benchmark, and the training generations. MLflow's table format
+    (`columns`, `data`), logged on the pipeline run as arms.json."""
+    rows = comparison.get("evaluations", [])
+    benches = benchmarks_of(rows)
+    gens = {t["run_id"]: t.get("final_generations") for t in comparison.get("training", [])}
+    columns = ["arm", "method", "seeds"]
+    for b in benches:
+        columns += [f"{b} score", f"{b} Δ vs base", f"{b} success %"]
+    columns.append("train generations")
+    data = []
+    for arm in dict.fromkeys(r.get("arm") or r.get("method") or "-" for r in rows):
+        members = [r for r in rows if (r.get("arm") or r.get("method") or "-") == arm]
+        line: list[Any] = [arm, members[0].get("method"), len(members)]
+        for b in benches:
+            cells = [r["benchmarks"].get(b) or {} for r in members]
+            for pick in (lambda c: c.get("value"), lambda c: (c.get("delta") or {}).get("value"),
+                         lambda c: (c.get("success") or {}).get("value")):  # fmt: skip
+                values = [v for v in map(pick, cells) if _num(v) is not None]
+                line.append(round(statistics.fmean(values), 2) if values else None)
+        spent = [g for g in (gens.get(r.get("train_run_id") or "") for r in members) if _num(g) is not None]
+        line.append(statistics.fmean(spent) if spent else (0.0 if members[0].get("method") == "base" else None))
+        data.append(line)
+    return {"columns": columns, "data": data}
 
 
 def seed_means(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -238,8 +307,10 @@ def render_markdown(
     parts += [
         "## Evaluation\n",
         "Headline score per benchmark (0-100) with its 95% interval and the number of "
-        "tasks; the student acts alone (no retrieved context). Train generations: rollouts spent in "
-        "training (the equal-budget axis).\n",
+        "tasks; the student acts alone (no retrieved context). Success %: tasks solved, with the Wilson interval "
+        "(which, unlike a t interval over tasks that all scored the same, is never 0 wide). Δ reward vs base: the "
+        "per-task difference to the base model, paired, with its t interval over the tasks (an improvement when "
+        "its lower end is above 0). Train generations: rollouts spent in training (the equal-budget axis).\n",
         evaluation_table(rows, generations),
     ]
     means = seed_means(rows)
@@ -331,14 +402,17 @@ def build_report(spec: ReportSpec) -> StageResult:
     rows = evaluation_rows(tracker, spec.evaluate_run_ids)
     train_ids = [r["train_run_id"] for r in rows if r["train_run_id"]]
     train, budget = training_rows(tracker, train_ids, spec.budget)
-    out_dir = write_report(tracker, rows, train, budget, Path(spec.run_dir) / "report", spec.title)
     store = spec.store()
+    episodes: dict[str, Path] = {}
     if spec.episodes:
-        from flows.study import study_section
-
         if len(spec.episodes) != len(spec.evaluate_run_ids):
             raise ValueError("ReportSpec.episodes must list one records artifact per evaluation run")
         episodes = {rid: store.get(ref) for rid, ref in zip(spec.evaluate_run_ids, spec.episodes, strict=True)}
+        add_task_stats(rows, episodes)
+    out_dir = write_report(tracker, rows, train, budget, Path(spec.run_dir) / "report", spec.title)
+    if episodes and spec.study:
+        from flows.study import study_section
+
         text, _ = study_section(tracker, rows, episodes, train, spec.train_seconds, out_dir, spec.reference_arm)
         report = out_dir / "report.md"
         head, _, rest = report.read_text().partition("\n")
@@ -363,14 +437,17 @@ def build_report(spec: ReportSpec) -> StageResult:
 
 def pipeline_metrics(comparison: dict[str, Any]) -> dict[str, float]:
     """What a researcher compares across pipeline runs (the runs MLflow's default view lists), from
-    comparison.json: per arm (mean over seeds) the held-out headline score per benchmark, `ARM/heldout/BENCH`,
-    and the final training generations, margin, beta, reward and success rate, `ARM/train/NAME`."""
+    comparison.json: per arm (mean over seeds) the held-out headline score per benchmark, `ARM/eval/BENCH`, its
+    paired difference to the base model, `ARM/eval/BENCH/delta_vs_base`, and the final training generations,
+    margin, beta, reward and success rate, `ARM/train/NAME`. (MLflow's charts then show a section per arm.)"""
     cells: dict[str, list[float]] = {}
     for row in comparison.get("evaluations", []):
         arm = row.get("arm") or row.get("method") or "base"
         for bench, cell in row.get("benchmarks", {}).items():
             if cell.get("value") is not None:
-                cells.setdefault(f"{arm}/heldout/{bench}", []).append(float(cell["value"]))
+                cells.setdefault(f"{arm}/eval/{bench}", []).append(float(cell["value"]))
+            if (cell.get("delta") or {}).get("value") is not None:
+                cells.setdefault(f"{arm}/eval/{bench}/delta_vs_base", []).append(float(cell["delta"]["value"]))
     arms = {r.get("train_run_id"): r.get("arm") or r.get("method") for r in comparison.get("evaluations", [])}
     for row in comparison.get("training", []):
         arm = arms.get(row["run_id"]) or row.get("method")

@@ -57,6 +57,16 @@ DEFAULT_PANELS: tuple[tuple[str, ...], ...] = (
 CurveX = Literal["step", "generations"]
 
 
+# The MLflow UI (3.17) opens an experiment in its GenAI mode unless the URL says `workflowType=machine_learning`
+# (it ignores the experiment tag `mlflow.experimentKind`, which we set too for versions that read it). Every link
+# we print carries that parameter and the saved view below (`Tracker.publish_view`): score columns, the
+# generations x axis, no empty charts.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+TRAINING_MODE = "workflowType=machine_learning"
+VIEW_KEY = "lopd"  # the experiment's saved view: the tag mlflow.sharedViewState.lopd, ?viewStateShareKey=lopd
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+
+
 class Tag:
     """Tag keys (search them with `tags.<key>`, dotted ones as tags.`<key>`)."""
 

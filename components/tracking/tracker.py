@@ -3,6 +3,7 @@ ends and finds runs, and reads across runs (compare, plot). One run's logging is
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,13 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from components.tracking.names import (
+    CUM_GENERATIONS,
     DEFAULT_ARTIFACTS,
+    EXPERIMENT_KIND,
     INHERITED_TAGS,
+    TRAINING_MODE,
+    VIEW_KEY,
+    VIEW_TAG,
     T,
     Tag,
     TrackingError,
@@ -29,7 +35,7 @@ from components.tracking.store import (
     redact,
     resolve_tracking_uri,
 )
-from components.tracking.values import _clip_tag, _config_data, config_hash, curated_params, flatten
+from components.tracking.values import _clip_tag, _config_data, _now_ms, config_hash, curated_params, flatten
 from lopd_core.artifacts import sha256_json
 from lopd_core.timing import section
 
@@ -71,9 +77,12 @@ class Tracker:
         exp = retry.run(lambda: client.get_experiment_by_name(name), "looking up the experiment", uri)
         if exp is None:
             location = _artifact_location(uri, run_dir, artifact_root)
+            kind = dict([EXPERIMENT_KIND])  # a training experiment, not a GenAI one
             try:
                 exp_id = retry.run(
-                    lambda: client.create_experiment(name, artifact_location=location), "creating the experiment", uri
+                    lambda: client.create_experiment(name, artifact_location=location, tags=kind),
+                    "creating the experiment",
+                    uri,
                 )
             except MlflowException as exc:
                 if exc.error_code != "RESOURCE_ALREADY_EXISTS":
@@ -103,7 +112,35 @@ class Tracker:
         """The run's page in the MLflow UI (None for a local store)."""
         if not self.is_server:
             return None
-        return f"{self.uri.rstrip('/')}/#/experiments/{experiment_id or self.experiment_id}/runs/{run_id}"
+        return experiment_url(self.uri, experiment_id or self.experiment_id, run_id)
+
+    def experiment_url(self, ui: str | None = None) -> str | None:
+        """The experiment's runs in the MLflow UI at `ui` (default: the server of this store; None for a local
+        store without `ui`), in training mode, with the saved view (`publish_view`)."""
+        base = ui or (self.uri if self.is_server else None)
+        return experiment_url(base, self.experiment_id) if base else None
+
+    def publish_view(self, columns: Sequence[str], x_metric: str = CUM_GENERATIONS) -> None:
+        """The experiment's saved view (`?viewStateShareKey=lopd`, also in the UI's Views menu): the runs list
+        shows `columns` (metric names, added to those already there), the charts plot against `x_metric` (the
+        rollout budget spent) and hide empty charts."""
+        exp = self.call("reading the experiment", lambda: self.client.get_experiment(self.experiment_id))
+        try:
+            before = json.loads(json.loads(exp.tags[VIEW_TAG])["state"]).get("selectedColumns", [])
+        except (KeyError, ValueError, TypeError):
+            before = []
+        wanted = [*[c for c in before if c.startswith("metrics.")], *(f"metrics.`{c}`" for c in columns)]
+        state = {
+            "selectedColumns": ["tags.`lopd.arm`", "tags.`method`", "tags.`seed`", *dict.fromkeys(wanted)],
+            "globalLineChartConfig": {"xAxisKey": "metric", "selectedXAxisMetricKey": x_metric, "lineSmoothness": 0},
+            "hideEmptyCharts": True,
+        }
+        now = _now_ms()
+        view = {"name": "LOPD: scores and curves", "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
+        self.call(
+            "saving the experiment's view",
+            lambda: self.client.set_experiment_tag(self.experiment_id, VIEW_TAG, json.dumps(view)),
+        )
 
     # -- starting and re-opening runs
 
@@ -252,6 +289,14 @@ class Tracker:
         return _compare(
             self.client, self.experiment_id, pipeline_run_id, stage, tags, metrics, budget, self.retry, self.uri
         )
+
+
+def experiment_url(ui: str, experiment_id: str, run_id: str | None = None) -> str:
+    """A page of the MLflow UI at `ui` in training mode: the experiment's runs with the saved view, or a run."""
+    base = f"{ui.rstrip('/')}/#/experiments/{experiment_id}"
+    if run_id:
+        return f"{base}/runs/{run_id}?{TRAINING_MODE}"
+    return f"{base}/runs?{TRAINING_MODE}&viewStateShareKey={VIEW_KEY}"
 
 
 def _labels(

@@ -60,11 +60,11 @@ def test_train_logs_curves_and_resumes_in_the_same_run(chain):
     t, spec = chain["train"], chain["spec"]
     assert t.metrics["steps"] == 2 and t.metrics["generations_total"] == 4
     client = MlflowClient(f"sqlite:///{chain['run_dir']}/mlflow.db")
-    margins = client.get_metric_history(t.mlflow_run_id, "margin")
+    margins = client.get_metric_history(t.mlflow_run_id, "train/margin")
     assert [m.step for m in margins] == [0, 1]
     more = train(spec.model_copy(update={"schedule": spec.schedule.model_copy(update={"steps": 3})}))
     assert more.mlflow_run_id == t.mlflow_run_id and more.metrics["steps"] == 3
-    assert [m.step for m in client.get_metric_history(t.mlflow_run_id, "beta")] == [0, 1, 2]
+    assert [m.step for m in client.get_metric_history(t.mlflow_run_id, "train/beta")] == [0, 1, 2]
     with pytest.raises(ValueError, match="another method config"):
         train(spec.model_copy(update={"lopd": spec.lopd.model_copy(update={"top_m": 5})}))
 
@@ -76,8 +76,8 @@ def test_distributed_train_stage_with_two_gloo_ranks(chain):
     t = train(spec)
     assert t.metrics["steps"] == 2 and t.metrics["generations_total"] == 4  # 2 steps x 2 tasks, one per rank
     client = MlflowClient(f"sqlite:///{chain['run_dir']}/mlflow.db")
-    assert [m.step for m in client.get_metric_history(t.mlflow_run_id, "beta")] == [0, 1]
-    assert [m.value for m in client.get_metric_history(t.mlflow_run_id, "generations")] == [2.0, 2.0]
+    assert [m.step for m in client.get_metric_history(t.mlflow_run_id, "train/beta")] == [0, 1]
+    assert [m.value for m in client.get_metric_history(t.mlflow_run_id, "train/generations")] == [2.0, 2.0]
     state = json.loads((Path(chain["run_dir"]) / "train" / "lopd-seed1" / "last" / "state.json").read_text())
     assert state["world_size"] == 2 and state["step"] == 2 and state["generations"] == 4
     with pytest.raises(ValueError, match="tasks_per_step=2 is below nproc=3"):
@@ -105,7 +105,7 @@ def test_distributed_fsdp_train_stage_with_two_gloo_ranks(chain):
     more = train(spec.model_copy(update={"schedule": spec.schedule.model_copy(update={"steps": 3})}))
     assert more.mlflow_run_id == t.mlflow_run_id and more.metrics["steps"] == 3
     client = MlflowClient(f"sqlite:///{chain['run_dir']}/mlflow.db")
-    assert [m.step for m in client.get_metric_history(t.mlflow_run_id, "loss")] == [0, 1, 2]
+    assert [m.step for m in client.get_metric_history(t.mlflow_run_id, "train/loss")] == [0, 1, 2]
 
 
 def test_pytorchjob_ranks_run_the_stage_and_rank0_caches_its_result(chain, tmp_path):
@@ -140,7 +140,7 @@ def test_distributed_cold_start_stage_with_two_gloo_ranks(chain):
     client = MlflowClient(f"sqlite:///{chain['run_dir']}/dp/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("stages-test").experiment_id])
     assert [r.info.run_id for r in runs] == [result.mlflow_run_id]  # rank 1 logged nothing
-    assert [m.step for m in client.get_metric_history(result.mlflow_run_id, "nll")] == [0, 1]
+    assert [m.step for m in client.get_metric_history(result.mlflow_run_id, "cold_start/nll")] == [0, 1]
     with pytest.raises(ValueError, match=r"cold\.batch_size=4 is below nproc=5"):
         ColdStartSpec(**{**spec.model_dump(), "nproc": 5})
 
@@ -163,7 +163,7 @@ def test_distributed_sft_stage_with_two_gloo_ranks(tmp_path):
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("stages-test").experiment_id])
     assert [r.info.run_id for r in runs] == [result.mlflow_run_id]  # rank 1 logged nothing
-    assert [m.step for m in client.get_metric_history(result.mlflow_run_id, "nll")] == [0, 1, 2]
+    assert [m.step for m in client.get_metric_history(result.mlflow_run_id, "sft/nll")] == [0, 1, 2]
     with pytest.raises(ValueError, match=r"sft\.batch_size=4 is below nproc=5"):
         SFTSpec(**{**spec.model_dump(), "nproc": 5})
 

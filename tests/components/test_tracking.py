@@ -413,7 +413,10 @@ def test_pipeline_and_stage_runs_round_trip(store, suite, tmp_path):
     assert {r.info.run_id for r in by_flow} == {pipe.run_id, run.run_id}
     assert tracker.find_runs(parent_run_id=pipe.run_id, stage="train") == [run.run_id]
     if store.kind == "server":
-        assert run.url == f"{store.uri}/#/experiments/{tracker.experiment_id}/runs/{run.run_id}"
+        assert (
+            run.url
+            == f"{store.uri}/#/experiments/{tracker.experiment_id}/runs/{run.run_id}?workflowType=machine_learning"
+        )
         assert list(store.server.artifacts.rglob("config.yaml"))  # proxied into --artifacts-destination
 
 

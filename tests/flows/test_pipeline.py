@@ -79,7 +79,7 @@ def test_first_run_runs_every_stage_and_links_prefect_and_mlflow(first, pipe_dir
         if stage["stage"] != "report":
             assert run.data.tags["pipeline_run_id"] == summary["pipeline_run_id"], stage
     metrics = pipe.data.metrics  # what the compare view plots, on the top-level run
-    assert {"lopd/heldout/toolworld", "base/heldout/toolworld", "lopd/train/generations"} <= set(metrics)
+    assert {"lopd/eval/toolworld", "base/eval/toolworld", "lopd/train/generations"} <= set(metrics)
     assert {"lopd/train/margin", "lopd/train/beta"} <= set(metrics)
     assert "backbone" in pipe.data.params and "lopd.top_m" in pipe.data.params
     assert not [k for k in pipe.data.params if "metadata" in k or k.startswith("execution.")]

@@ -1,38 +1,27 @@
 """A real Prefect server on PostgreSQL with a process worker: deploy prefect.yaml, run the pipeline deployment,
 grow the bank, and see bank-watch's event trigger the re-training deployment, which runs to completion.
 
-`prefect server start` on 127.0.0.1 (a free port) on a fresh PostgreSQL database (127.0.0.1:5432, trust auth,
-user $LOPD_TEST_PG_USER, admin database $LOPD_TEST_PG_DB; dropped at the end), as the Kubernetes deployment
-runs it; `lopd deploy` creates the work pools and registers every deployment; `prefect worker start --pool
-lopd-process` runs the flow runs as subprocesses. The pipeline sends its evaluations to the
-lopd-stage/stage-in-a-process deployment (mode=deployments), so the scale-out path (run_deployment, job variables,
-the result hand-off through the stage cache) runs too. Every process started here is stopped by its process group.
+The server is tests/flows/servers.py's (`lopd deploy` creates the work pools and registers every deployment);
+`prefect worker start --pool lopd-process` runs the flow runs as subprocesses. The pipeline sends its evaluations to
+the lopd-stage/stage-in-a-process deployment (mode=deployments), so the scale-out path (run_deployment, job
+variables, the result hand-off through the stage cache) runs too. Every process started here is stopped by its
+process group.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.flows.presets import LEAN as PRESET_LEAN
+from tests.flows.servers import ROOT, flow_runs, lopd, prefect_server, started, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
-PG_HOST, PG_PORT = "127.0.0.1", 5432
-PG_USER = os.environ.get("LOPD_TEST_PG_USER", "postgres")
-PG_ADMIN_DB = os.environ.get("LOPD_TEST_PG_DB", "test")
 pytestmark = pytest.mark.slow
 
 LEAN = [
@@ -43,125 +32,24 @@ LEAN = [
     "execution.deployments={evaluate: lopd-stage/stage-in-a-process}",
     "execution.job_variables={evaluate: {env: {LOPD_TEST_MARK: x}}}",
 ]
-# Services the test does not need (the trigger, action, event and task-run services stay on).
-QUIET = {
-    f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false"
-    for name in ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "CANCELLATION_CLEANUP", "REPOSSESSOR")
-}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pg_execute(sql: str) -> None:
-    import psycopg2
-
-    conn = psycopg2.connect(host=PG_HOST, port=PG_PORT, user=PG_USER, dbname=PG_ADMIN_DB, connect_timeout=5)
-    conn.autocommit = True
-    with contextlib.closing(conn), conn.cursor() as cur:
-        cur.execute(sql)
-
-
-@contextlib.contextmanager
-def started(cmd: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT) -> Iterator[subprocess.Popen]:
-    """A process in its own process group, stopped (SIGTERM, then SIGKILL) when the block ends."""
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            yield proc
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[dict[str, Any]]:
-    """`prefect server start` on a fresh PostgreSQL database; yields the environment of its clients."""
-    name = f"lopd_prefect_test_{uuid.uuid4().hex[:12]}"
-    pg_execute(f'CREATE DATABASE "{name}"')
-    home = tmp_path_factory.mktemp("prefect-home")
-    port = free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(home),
-        "PREFECT_API_URL": api,
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_CLI_PROMPT": "false",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
-    env.pop("MLFLOW_TRACKING_URI", None)
-    server_env = {
-        **env,
-        **QUIET,
-        "PREFECT_UI_ENABLED": "false",
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://{PG_USER}@{PG_HOST}:{PG_PORT}/{name}",
-    }
-    log = home / "server.log"
-    t0 = time.monotonic()
-    try:
-        cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-        with started(cmd, server_env, log) as proc:
-            while True:
-                assert proc.poll() is None, f"prefect server exited:\n{log.read_text()[-3000:]}"
-                assert time.monotonic() - t0 < 300, (
-                    f"prefect server did not answer in 300 s:\n{log.read_text()[-3000:]}"
-                )
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{api}/health", timeout=5).status_code == 200:
-                        break
-                time.sleep(1)
-            yield {"env": env, "api": api, "home": home, "start_s": time.monotonic() - t0}
-    finally:
-        pg_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def lopd(server: dict[str, Any], *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    out = subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
-        env=server["env"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert out.returncode == 0, f"lopd {' '.join(args)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
-    return out
-
-
-def flow_runs(server: dict[str, Any], flow_name: str) -> list[dict[str, Any]]:
-    body = {"flows": {"name": {"any_": [flow_name]}}, "sort": "EXPECTED_START_TIME_ASC"}
-    return httpx.post(f"{server['api']}/flow_runs/filter", json=body, timeout=30).json()
-
-
-def wait_for(what: str, check: Any, timeout: float, every: float = 2.0) -> Any:
-    t0 = time.monotonic()
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() - t0 < timeout, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(every)
+    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as srv:
+        yield srv
 
 
 def test_deploy_run_pipeline_and_retrain_on_bank_growth(server, tmp_path):
     timings = {"server_start_s": round(server["start_s"], 1)}
     t0 = time.monotonic()
-    lopd(server, "deploy")
+    deployed = lopd(server, "deploy")
+    assert "11 deployments on" in deployed.stdout and "prefect worker start --pool lopd-process" in deployed.stdout
     timings["deploy_s"] = round(time.monotonic() - t0, 1)
     deployments = httpx.post(f"{server['api']}/deployments/filter", json={}, timeout=30).json()
     names = {d["name"] for d in deployments}
-    assert {"local", "k8s", "sft", "collect", "cold-start", "train", "evaluate"} <= names and len(deployments) == 11
+    assert {"pipeline-on-this-machine", "pipeline-on-kubernetes", "train-gpu-pod", "retrain-on-bank-growth"} <= names
+    assert len(names) == len(deployments) == 11  # unique: the automation card shows the name alone
     study = next(d for d in deployments if d["entrypoint"].endswith(":lopd_study"))
     assert "config" in study["parameter_openapi_schema"]["properties"]  # the typed form
     pool = httpx.get(f"{server['api']}/work_pools/lopd-gpu", timeout=30).json()
@@ -229,6 +117,16 @@ def test_deploy_run_pipeline_and_retrain_on_bank_growth(server, tmp_path):
         (run,) = done
         assert run["state_type"] == "COMPLETED", run["state"]
         assert run["parameters"]["run_dir"] == str(run_dir) and run["parameters"]["bank_version"] == 2
+        assert run["name"] == f"retrain bank v2 of {run_dir}"  # what triggered it, not a random name
+        retrained = [r for r in flow_runs(server, "lopd-pipeline") if r["name"] == "retrain bank v2"]
+        assert len(retrained) == 1 and {"retrain", "bank-v2"} <= set(retrained[0]["tags"])
+        from mlflow import MlflowClient
+
+        mlflow = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
+        pipes = mlflow.search_runs(
+            [mlflow.get_experiment_by_name("lopd").experiment_id], "tags.`lopd.role` = 'pipeline'"
+        )
+        assert sorted(p.data.tags.get("lopd.trigger", "-") for p in pipes) == ["-", "retrain bank v2"]
         assert json.loads((run_dir / "trained.json").read_text())["bank_version"] == 2
         time.sleep(5)
         assert len(flow_runs(server, "lopd-retrain")) == 1  # debounced: one growth burst, one re-training
