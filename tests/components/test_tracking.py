@@ -827,3 +827,31 @@ def test_seeds_of_an_arm_are_drawn_as_their_mean_with_a_band(tmp_path):
     assert band.lo == pytest.approx([0.1 - sd, 0.6 - sd]) and band.hi == pytest.approx([0.1 + sd, 0.6 + sd])
     assert lopd.xy("reward_mean", "step") == ([0.0, 1.0], pytest.approx([0.1, 0.6]))
     assert_png(render_curves(arms, [["reward_mean"]], "generations", tmp_path / "bands.png"))
+
+
+def test_the_experiment_opens_in_training_mode_with_its_saved_view(store, suite):
+    """MLflow 3.17 opens an experiment in GenAI mode unless the URL says otherwise: the links carry
+    workflowType=machine_learning and the saved view (score columns, the generations x axis, no empty charts)."""
+    import json
+
+    from components.tracking.tracker import experiment_url
+
+    tracker = store.open(suite)
+    exp = MlflowClient(store.uri).get_experiment(tracker.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    tracker.publish_view(["eval/toolworld/headline", "lopd/eval/toolworld"])
+    tracker.publish_view(["eval/bfcl/headline"])  # a later pipeline adds its columns to those there
+    view = json.loads(MlflowClient(store.uri).get_experiment(tracker.experiment_id).tags["mlflow.sharedViewState.lopd"])
+    state = json.loads(view["state"])
+    assert state["selectedColumns"] == [
+        "tags.`lopd.arm`", "tags.`method`", "tags.`seed`", "metrics.`eval/toolworld/headline`",
+        "metrics.`lopd/eval/toolworld`", "metrics.`eval/bfcl/headline`",
+    ]  # fmt: skip
+    assert state["globalLineChartConfig"]["selectedXAxisMetricKey"] == CUM_GENERATIONS and state["hideEmptyCharts"]
+    ui = "http://127.0.0.1:5000"
+    assert experiment_url(ui, "7") == f"{ui}/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=lopd"
+    assert experiment_url(ui, "7", "r1") == f"{ui}/#/experiments/7/runs/r1?workflowType=machine_learning"
+    if store.kind == "server":
+        assert tracker.experiment_url() == experiment_url(store.uri, tracker.experiment_id)
+    else:
+        assert tracker.experiment_url() is None and tracker.experiment_url(ui).startswith(ui)

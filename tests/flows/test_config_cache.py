@@ -174,3 +174,20 @@ def test_config_errors_name_the_field_suggest_a_near_miss_and_carry_no_urls():
     assert "train.schedule.stepz: Extra inputs are not permitted (did you mean 'train.schedule.steps'?)" in text
     assert "lopd.top_m: Input should be a valid integer" in text
     assert "errors.pydantic.dev" not in text
+
+
+def test_presets_are_the_config_files_and_overrides_apply_on_top():
+    from typing import get_args
+
+    from flows.config import CONFIG_DIR, Preset, load_config, preset_config, with_overrides
+
+    assert {f"{p}.yaml" for p in get_args(Preset)} <= {f.name for f in CONFIG_DIR.glob("*.yaml")}
+    tiny = preset_config("tiny", ["seeds=[0, 1]", "lopd.gradient_checkpointing=true"])
+    assert tiny.backbone == "tiny" and tiny.seeds == [0, 1] and tiny.lopd.gradient_checkpointing is True
+    assert tiny.collect == load_config(CONFIG_DIR / "tiny.yaml").collect
+    with pytest.raises(ValueError, match=r"preset='tiniest': choose one of tiny, demo"):
+        preset_config("tiniest")
+    with pytest.raises(ValueError, match=r"train\.schedule\.stepz"):
+        with_overrides(tiny, ["train.schedule.stepz=3"])
+    assert with_overrides(tiny, ["train.schedule.steps=7"]).train.schedule.steps == 7
+    assert with_overrides(tiny, []) is tiny
