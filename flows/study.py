@@ -24,13 +24,13 @@ from typing import Any
 
 from prefect import flow
 
-from components.tracking import Tracker, run_series
+from components.tracking import Tracker, run_series, train_metric
 from flows.config import PipelineConfig, Variant
 from flows.report import CALIBRATION
 from lopd_core.evaluation.study import Band, arm_summary, final_value, generations_to_reach, seed_band
 
 STUDY_FILES = ("study.json", "study_curves.png")
-REWARD = "reward_mean"
+REWARD = train_metric("reward_mean")
 
 
 def fig3_variants(margins: tuple[float, ...] = (0.0, 0.01, 0.1)) -> dict[str, Variant]:
@@ -118,9 +118,9 @@ def diagnostics_section(
         members = [r for r in rows if r["arm"] == arm and r["train_run_id"]]
         per_key: dict[str, list[float]] = {}
         for r in members:
-            series = run_series(tracker, r["train_run_id"], list(DIAGNOSTICS))
+            series = run_series(tracker, r["train_run_id"], [train_metric(k) for k in DIAGNOSTICS])
             for key in DIAGNOSTICS:
-                values = [v for _, v in series.history.get(key, [])]
+                values = [v for _, v in series.history.get(train_metric(key), [])]
                 if values:
                     per_key.setdefault(key, []).append(statistics.fmean(values))
         teacher, student = [], []

@@ -110,7 +110,7 @@ def test_sigterm_stops_the_run_and_its_stage_then_a_rerun_resumes_logging_each_s
     client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("lopd").experiment_id], "tags.stage = 'train'")
     assert len(runs) == 1, "the rerun continues the same MLflow run"
-    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "reward_mean")]
+    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/reward_mean")]
     assert sorted(steps) == list(range(STEPS)), "every step logged exactly once"
 
 
