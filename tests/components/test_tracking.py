@@ -51,6 +51,7 @@ from components.tracking import (
 )
 from lopd_core.artifacts import ArtifactRef, sha256_json
 from lopd_core.config import LOPDConfig
+from tests.flows.servers import stop_process_group
 
 PG_HOST, PG_PORT = "127.0.0.1", 5432
 PG_USER = os.environ.get("LOPD_TEST_PG_USER", "postgres")
@@ -122,21 +123,6 @@ class Server:
     uri: str
     db_name: str
     artifacts: Path
-
-
-def stop_process_group(proc: subprocess.Popen) -> None:
-    """Stop the server we started (its own process group: the CLI, uvicorn and their children)."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=20)
-    with contextlib.suppress(ProcessLookupError):  # children that outlived the CLI
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def start_mlflow_server(backend_uri: str, root: Path, port: int) -> subprocess.Popen:

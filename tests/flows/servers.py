@@ -47,22 +47,31 @@ def pg_execute(sql: str) -> None:
         cur.execute(sql)
 
 
+def stop_process_group(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """Stop a process started in its own process group (a server CLI, uvicorn and their children): SIGTERM, then
+    SIGKILL to the group, and SIGKILL to children that outlived the leader."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 @contextlib.contextmanager
 def started(cmd: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT) -> Iterator[subprocess.Popen]:
-    """A process in its own process group, stopped (SIGTERM, then SIGKILL) when the block ends."""
+    """A process in its own process group, stopped (`stop_process_group`) when the block ends."""
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             yield proc
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+            stop_process_group(proc)
 
 
 def wait_until_up(url: str, proc: subprocess.Popen, log: Path, timeout: float, what: str) -> None:
