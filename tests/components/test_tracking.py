@@ -694,7 +694,7 @@ def test_a_database_outage_is_retried_then_surfaced(mlflow_server, suite, monkey
     sink = run.metrics_sink(flush_every=1)
     with database_outage(mlflow_server.db_name, seconds=2.0):
         sink.log(0, {"margin": 0.5})  # the first attempts fail, a later one goes through
-    assert run.history(["margin"])["margin"] == [(0, 0.5)]
+    assert run.history(["train/margin"])["train/margin"] == [(0, 0.5)]
 
     impatient = Tracker.open(suite, tracking_uri=mlflow_server.uri, retry=RetryPolicy(attempts=2, initial_delay=0.1))
     again = impatient.resume(run.run_id)
@@ -703,7 +703,7 @@ def test_a_database_outage_is_retried_then_surfaced(mlflow_server, suite, monkey
     assert f"failed 2 times on MLflow at {mlflow_server.uri}" in str(info.value)
     again.log_metrics({"margin": 0.7}, step=1)  # the server recovers with the database
     again.end()
-    assert run.history(["margin"])["margin"] == [(0, 0.5), (1, 0.7)]
+    assert run.history(["train/margin"])["train/margin"] == [(0, 0.5), (1, 0.7)]
 
 
 def test_stage_runs_are_named_by_arm_seed_and_stage(store, suite):
