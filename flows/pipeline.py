@@ -186,7 +186,8 @@ def lopd_pipeline(
             settings (GPUs).
         overrides: Dotted key=value changes to the preset, one per item, e.g. train.schedule.steps=3,
             methods=[grpo, lopd], seeds=[0, 1], run_dir=runs/mine, lopd.gradient_checkpointing=true.
-        config: A whole pipeline config instead of the preset (the overrides still apply). None: the preset.
+        config: Leave on None to run the preset. A whole pipeline config instead of it (the overrides still
+            apply); the PipelineConfig tab starts from the paper's defaults, not from the preset's values.
     """
     cfg = preset_config(preset, overrides) if config is None else with_overrides(config, overrides)
     logger = get_run_logger()

@@ -122,7 +122,8 @@ def test_a_researcher_sees_scores_curves_presets_and_unique_deployments(page, tm
     assert {"train/margin", "train/margin_target", "train/beta", "eval/toolworld/headline"} <= set(train.data.metrics)
     with mlflow_ui(uri, tmp_path / "mlflow.log") as mlflow:
         text = look(page, experiment_url(mlflow, experiment.experiment_id), "mlflow-runs.png", "eval/toolworld")
-        assert "matching runs" in text, text[:3000]  # training mode: the runs table, not GenAI's traces
+        assert "matching runs" in text and "Model registry" in text, text[:3000]  # training mode: the runs table
+        assert "Judges" not in text, text[:3000]  # not GenAI's sidebar (Traces, Judges, Evaluation runs)
         assert "lopd/eval/toolworld" in text and "eval/toolworld/headline" in text, text[:3000]  # the score columns
         assert f"pipeline {run['name']}" in text, text[:3000]  # the pipeline run's row carries them
 
@@ -131,7 +132,10 @@ def test_a_researcher_sees_scores_curves_presets_and_unique_deployments(page, tm
         page.get_by_placeholder("Search metric charts").fill("margin")
         text = look(page, None, "mlflow-train-margin.png", "margin_target")
         assert "train/margin)" in text and "train/margin_target)" in text, text[:3000]  # both series, in "train"
+        assert "Judges" not in text, text[:3000]
 
-        text = look(page, f"{base}/{pipe.info.run_id}/artifacts/arms.json", "mlflow-arms-table.png", "toolworld score")
+        arms = f"{base}/{pipe.info.run_id}/artifacts/arms.json?workflowType=machine_learning"
+        text = look(page, arms, "mlflow-arms-table.png", "toolworld score")
         assert "View as table" in text and "lopd" in text.split("toolworld score", 1)[1], text[:3000]
+        assert "Judges" not in text, text[:3000]
     print(f"screenshots: {SHOTS}")
