@@ -359,7 +359,7 @@ def _track(
         flat.update({f"eval/time/{k}_s": v for k, v in seconds.items()})
         run.log_metrics(flat, step=0)
         if train_run_id := (spec.tags or {}).get(Tag.TRAIN_RUN):  # the held-out scores beside the training curves
-            headlines = {k: v for k, v in flat.items() if k.endswith("/headline") and k.count("/") == 2}
+            headlines = {f"eval/{b}/headline": float(v["headline"]["value"]) for b, v in metrics["benchmarks"].items()}
             TrackedRun(tracker, train_run_id, tracker.experiment_id, "train", load_history=False).log_metrics(headlines)
         run.log_json(metrics, "metrics/metrics.json")
         run.log_text(report, "report.md")

@@ -354,8 +354,8 @@ def publish(
         columns = {c: [row[i] for row in table["data"]] for i, c in enumerate(table["columns"])}
         tracker.call("logging arms.json", lambda: tracker.client.log_table(pipe, columns, ARMS_TABLE))
     benches = sorted({b for r in data["evaluations"] for b in r["benchmarks"]})
-    arm_scores = [f"{arm}/eval/{b}" for arm in dict.fromkeys(k.split("/")[0] for k in by_arm) for b in benches]
-    tracker.publish_view([f"eval/{b}/headline" for b in benches] + [k for k in arm_scores if k in by_arm])
+    scores = [k for k in by_arm if k.endswith(tuple(f"/eval/{b}" for b in benches))]  # not the deltas, not train/
+    tracker.publish_view([f"eval/{b}/headline" for b in benches] + scores)
     rows = [
         {
             "model": r["label"],

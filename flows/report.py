@@ -29,7 +29,6 @@ LABEL_TAG = "lopd.label"
 ORACLE_LABEL = "oracle warm start (rule-following demonstrations)"  # the positive control's ceiling (oracle: true)
 CALIBRATION = ("base", "oracle")  # evaluation rows that are not trained arms
 ARM_TAG = "lopd.arm"  # the sweep arm: a method, or a named variant of one (ablations)
-TRAIN_RUN_TAG = Tag.TRAIN_RUN
 BUDGET_METRICS = ("reward_mean", "success_rate", "margin", "beta")  # bare; logged as train/<name>
 BUDGET_KEYS = [train_metric(k) for k in BUDGET_METRICS]
 REPORT_FILES = (
@@ -105,7 +104,7 @@ def evaluation_rows(tracker: Tracker, run_ids: list[str]) -> list[dict[str, Any]
                 "arm": tags.get(ARM_TAG) or tags.get("method"),
                 "seed": int(seed) if seed and seed.lstrip("-").isdigit() else None,
                 "run_id": run_id,
-                "train_run_id": tags.get(TRAIN_RUN_TAG) or None,
+                "train_run_id": tags.get(Tag.TRAIN_RUN) or None,
                 "pipeline_run_id": tags.get("pipeline_run_id"),
                 "benchmarks": benchmarks,
             }
@@ -191,6 +190,7 @@ def add_task_stats(rows: list[dict[str, Any]], episodes: dict[str, Path]) -> Non
     from flows.study import read_records
 
     base = next((r for r in rows if r["method"] == "base" and r["run_id"] in episodes), None)
+    reference: dict[str, dict[str, float]] = {}  # benchmark -> the base model's per-task rewards
     for row in rows:
         if row["run_id"] not in episodes:
             continue
@@ -200,7 +200,9 @@ def add_task_stats(rows: list[dict[str, Any]], episodes: dict[str, Path]) -> Non
                 continue
             cell["success"] = wilson(sum(v >= 1.0 for v in rewards.values()), len(rewards)).to_dict()
             if base is not None and row is not base:
-                ref = read_records(episodes[base["run_id"]], bench)
+                if bench not in reference:
+                    reference[bench] = read_records(episodes[base["run_id"]], bench)
+                ref = reference[bench]
                 common = sorted(set(rewards) & set(ref))
                 if common:
                     diffs = [rewards[t] - ref[t] for t in common]

@@ -12,9 +12,10 @@ from components.collect import CollectSpec
 from components.common import StageResult
 from components.evaluate import EvaluateSpec
 from components.sft import SFTSpec
+from components.tracking import Tag
 from components.train import TrainSpec
 from flows.config import PipelineConfig
-from flows.report import ARM_TAG, LABEL_TAG, TRAIN_RUN_TAG
+from flows.report import ARM_TAG, LABEL_TAG
 from lopd_core.artifacts import ArtifactRef
 from lopd_core.method_rules import METHOD_RULES
 from lopd_core.methods import teacher_sync
@@ -156,7 +157,7 @@ def evaluate_spec(
     if seed is not None:
         tags["seed"] = str(seed)
     if train is not None and train.mlflow_run_id:
-        tags[TRAIN_RUN_TAG] = train.mlflow_run_id
+        tags[Tag.TRAIN_RUN] = train.mlflow_run_id
     return EvaluateSpec(
         backbone=cfg.backbone,
         warm_start=warm.to_dict() if warm is not None else None,

@@ -14,6 +14,8 @@ class MethodRules:
     min_group: int = 1  # rollouts per task that a step needs (schedule.samples_per_task)
     group_reason: str = ""  # why, for the error when the schedule has fewer
     acting_teacher: bool = False  # its teacher can act as a policy with a context built from the task alone
+    text_teacher: bool = False  # its teacher reads a text context (a solution, feedback, a note): weights synced
+    policy_gradient: bool = False  # a GRPO term (clip, KL, epochs, temperature)
 
     @property
     def reads_bank(self) -> bool:
@@ -33,20 +35,25 @@ class MethodRules:
 
 METHOD_RULES: dict[str, MethodRules] = {  # every method, once (its name is config.MethodName)
     "lopd": MethodRules(needs=("retrieve",)),  # its teacher acts through latent_eval, not teacher_eval
-    "opsd": MethodRules(needs=("solutions",), acting_teacher=True),
-    "sdft": MethodRules(needs=("solutions",), acting_teacher=True),
+    "opsd": MethodRules(needs=("solutions",), acting_teacher=True, text_teacher=True),
+    "sdft": MethodRules(needs=("solutions",), acting_teacher=True, text_teacher=True),
     "sdpo": MethodRules(  # its context is the student's own attempt: no acting teacher
+        text_teacher=True,
         min_group=2,
         group_reason="its teacher reads a successful sibling attempt of the same task from the group (with 1 it "
         "would see feedback only)",
     ),
-    "skill_sd": MethodRules(needs=("skills",), acting_teacher=True),
+    "skill_sd": MethodRules(needs=("skills",), acting_teacher=True, text_teacher=True),
     "grpo": MethodRules(
-        min_group=2, group_reason="the group size G: GRPO normalises each advantage within its task's G rollouts"
+        policy_gradient=True,
+        min_group=2,
+        group_reason="the group size G: GRPO normalises each advantage within its task's G rollouts",
     ),
     # the hybrids (seed 004): an RL term plus a teacher's guidance on failed rollouts, with any context as teacher
     "diffgate": MethodRules(  # GRPO + OPSD's teacher (the verified solution) on failures
         needs=("solutions",),
+        text_teacher=True,
+        policy_gradient=True,
         min_group=2,
         group_reason="the group size G: its GRPO term normalises advantages within a task's G rollouts, and its "
         "guidance scales with the group's failure rate",
@@ -54,11 +61,14 @@ METHOD_RULES: dict[str, MethodRules] = {  # every method, once (its name is conf
     ),
     "diffgate_latent": MethodRules(  # GRPO + LOPD's latent teacher (the cold-started composer, frozen) on failures
         needs=("retrieve",),
+        policy_gradient=True,
         min_group=2,
         group_reason="the group size G: its GRPO term normalises advantages within a task's G rollouts",
     ),
     "scope": MethodRules(  # SCOPE's dual path with OPSD's teacher
         needs=("solutions",),
+        text_teacher=True,
+        policy_gradient=True,
         min_group=2,
         group_reason="SCOPE normalises each path's weights within a task's group of rollouts",
         acting_teacher=True,
@@ -74,7 +84,7 @@ _COMPOSER = frozenset({  # the composer and its retrieval: methods whose teacher
     "grad_clip_composer", "grad_clip_lora", "grad_clip_qformer",
 })  # fmt: skip
 _CONSTRAINT = frozenset({"margin_target", "anchor_weight", "anchor_reduction", "dual_lr", "beta_init"})  # LOPD's
-_DISTILL = frozenset({  # the teacher's top-M distillation and its diagnostic margin: every method but GRPO
+_DISTILL = frozenset({  # the teacher's top-M distillation and its diagnostic margin: every method with a teacher
     "top_m", "kl_support", "tail_floor", "margin_advantage", "opd.divergence", "opd.divergence_coef",
     "opd.distill_form", "opd.reward_aligned", "opd.misaligned_weight",
 })  # fmt: skip
@@ -82,24 +92,25 @@ _POLICY_GRADIENT = frozenset({"baseline.clip_eps", "baseline.kl_coef", "baseline
                               "baseline.policy_temperature"})  # fmt: skip
 _GUIDANCE = frozenset({"opd.guidance_coef", "opd.guidance_bound"})  # the hybrids' guidance on failed rollouts
 _TEXT_TEACHER = frozenset({"baseline.teacher_sync", "baseline.teacher_ema_rate"})  # a text teacher's weights
-_RL = ("grpo", "diffgate", "diffgate_latent", "scope")
 
 
 def applies(method: str, field: str) -> bool:
     """Whether LOPDConfig's `field` (flat key: "margin_target", "baseline.clip_eps", "encoder_lora.r") changes what
     `method` does."""
+    rules = METHOD_RULES[method]
     head = field.split(".", 1)[0]
     key = field if head in ("opd", "baseline") else head
+    has_teacher = rules.reads_bank or rules.text_teacher
     if key in _COMPOSER:
-        return METHOD_RULES[method].reads_bank
+        return rules.reads_bank
     if key in _CONSTRAINT:
         return method == "lopd"
     if key in _DISTILL:
-        return method != "grpo"
+        return has_teacher
     if key in _POLICY_GRADIENT:
-        return method in _RL
+        return rules.policy_gradient
     if key in _GUIDANCE:
-        return method in ("diffgate", "diffgate_latent", "scope")
+        return rules.policy_gradient and has_teacher
     if key in _TEXT_TEACHER:
-        return METHOD_RULES[method].acting_teacher or method == "sdpo"
+        return rules.text_teacher
     return True

@@ -38,7 +38,8 @@ def train_metric(name: str) -> str:
     return namespaced(TRAIN, name)
 
 
-CUM_GENERATIONS = train_metric("generations_cum")  # running sum of `generations`, logged at every step: the x axis
+CUM = "generations_cum"  # running sum of `generations`, logged at every step in the run's namespace: the x axis
+CUM_GENERATIONS = train_metric(CUM)
 GENERATIONS = train_metric("generations")
 MARGIN_TARGET = train_metric("margin_target")  # m, logged beside the margin at every LOPD step
 NONFINITE_METRICS = "nonfinite_metrics"  # number of non-finite values dropped at a step (logged when > 0; namespaced)

@@ -20,7 +20,7 @@ from mlflow.utils.validation import (
 
 from components.tracking.names import (
     CONFIG_ARTIFACT,
-    CUM_GENERATIONS,
+    CUM,
     DEFAULT_PANELS,
     NONFINITE_METRICS,
     T,
@@ -55,6 +55,7 @@ class TrackedRun:
     ) -> None:
         self.tracker = tracker
         self.namespace = namespace  # metric names get it as a prefix: "train" -> train/margin (names.namespaced)
+        self.cum_key = namespaced(namespace, CUM)  # train/generations_cum on a train run
         self.run_id = run_id
         self.experiment_id = experiment_id
         self.name = name
@@ -63,9 +64,8 @@ class TrackedRun:
         self._logged: dict[str, set[int]] = {}  # metric -> steps the store holds (a resumed run's history)
         if load_history:
             run = self._call("reading the run", lambda: self.client.get_run(self.run_id))
-            cum_key = namespaced(namespace, CUM_GENERATIONS.rsplit("/", 1)[-1])
-            history = self.history([cum_key, *sorted(run.data.metrics)])
-            self._cum_by_step = dict(history[cum_key])
+            history = self.history([self.cum_key, *sorted(run.data.metrics)])
+            self._cum_by_step = dict(history[self.cum_key])
             self._logged = {key: {step for step, _ in points} for key, points in history.items() if points}
         self._first_step = max(self._cum_by_step, default=-1) + 1
 

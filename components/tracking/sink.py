@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlflow.entities import Metric
 
-from components.tracking.names import CUM_GENERATIONS, NONFINITE_METRICS, namespaced
+from components.tracking.names import NONFINITE_METRICS, namespaced
 from components.tracking.values import _now_ms, valid_metric_key
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class MlflowMetricsSink:
             before = max(((s, c) for s, c in self._cum.items() if s < step), default=(-1, 0.0))[1]
         self._cum[step] = before + generations
         self.last_step = max(self.last_step, step)
-        points.append(Metric(namespaced(ns, CUM_GENERATIONS.rsplit("/", 1)[-1]), self._cum[step], ts, step))
+        points.append(Metric(self.run.cum_key, self._cum[step], ts, step))
         if nonfinite:
             points.append(Metric(namespaced(ns, NONFINITE_METRICS), float(len(nonfinite)), ts, step))
             self._new_nonfinite.update(nonfinite)

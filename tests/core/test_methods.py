@@ -185,7 +185,7 @@ def test_every_method_name_has_one_registry_entry():
 
 def test_the_registry_carries_each_methods_rules():
     from lopd_core.method_rules import METHOD_RULES
-    from lopd_core.methods import METHODS, TextContext
+    from lopd_core.methods import METHODS, DiffGateObjective, GRPOObjective, SCOPEObjective, TextContext
 
     rules = {name: (m.reads_bank, m.reads_notes, m.acting_teacher, m.min_group) for name, m in METHOD_RULES.items()}
     assert rules == {
@@ -201,6 +201,8 @@ def test_the_registry_carries_each_methods_rules():
     }
     for name, m in METHODS.items():  # an acting teacher reads a text context built from the task
         assert not m.rules.acting_teacher or issubclass(m.context, TextContext), name
+        assert m.rules.text_teacher == issubclass(m.context, TextContext), name  # the params it logs follow these
+        assert m.rules.policy_gradient == (m.objective in (GRPOObjective, DiffGateObjective, SCOPEObjective)), name
     METHOD_RULES["sdpo"].check_group("sdpo", 2)
     with pytest.raises(ValueError, match=r"'grpo' needs schedule\.samples_per_task >= 2: the group size G"):
         METHOD_RULES["grpo"].check_group("grpo", 1)
