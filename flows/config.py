@@ -206,7 +206,11 @@ class ExecutionParams(Model):
         "stages as runs of their own deployments (Kubernetes pods at scale), via run_deployment.",
     )
     max_parallel: int = Field(
-        1, ge=1, description="With mode=subprocess: stages running at once (e.g. the number of cores / threads)."
+        1,
+        ge=1,
+        description="With mode=subprocess: the cores the stages share (e.g. the machine's); a stage takes one per "
+        "torch thread of each rank (threads x nproc), so max_parallel 2 runs two one-thread arms at once, or one "
+        "two-thread warm start.",
     )
     warm_threads: int | None = Field(
         None,

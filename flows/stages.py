@@ -270,7 +270,7 @@ class StageContext:
     use_cache: bool = True
     remote_stages: tuple[str, ...] = ()
     mode: str = "in_process"  # how remote_stages run: "subprocess" (children of this process) or "deployments"
-    max_parallel: int = 1  # subprocess mode: stages running at once
+    max_parallel: int = 1  # subprocess mode: cores' worth of stages at once (a stage takes threads x nproc)
     deployments: dict[str, str] = field(default_factory=dict)
     job_variables: dict[str, dict[str, Any]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -332,18 +332,47 @@ def _run_remote(stage: str, spec: BaseModel, key: str, ctx: StageContext) -> Sta
     return result
 
 
-_SLOTS: dict[int, threading.BoundedSemaphore] = {}
+class Slots:
+    """`capacity` cores' worth of child stages at once (`execution.max_parallel`). A stage takes one unit per torch
+    thread of each of its ranks (`threads` x `nproc`, at most `capacity`), so the warm start's and the cold starts'
+    two-thread stages run one at a time on two cores, while one-thread arms still run two at a time. Four threads
+    on two cores, a study's cold starts side by side, ran at 4.7 s a step (docs/performance.md)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.free = capacity
+        self._cond = threading.Condition()
+
+    @staticmethod
+    def units_of(spec: BaseModel) -> int:
+        return max(1, int(getattr(spec, "threads", None) or 1)) * max(1, int(getattr(spec, "nproc", None) or 1))
+
+    @contextlib.contextmanager
+    def take(self, units: int) -> Any:
+        units = min(max(units, 1), self.capacity)
+        with self._cond:
+            self._cond.wait_for(lambda: self.free >= units)
+            self.free -= units
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.free += units
+                self._cond.notify_all()
+
+
+_SLOTS: dict[int, Slots] = {}
 _SLOTS_LOCK = threading.Lock()
 
 
-def _slots(n: int) -> threading.BoundedSemaphore:
+def _slots(n: int) -> Slots:
     with _SLOTS_LOCK:
-        return _SLOTS.setdefault(n, threading.BoundedSemaphore(n))
+        return _SLOTS.setdefault(n, Slots(n))
 
 
 def _run_subprocess(stage: str, spec: BaseModel, key: str, ctx: StageContext) -> StageResult:
-    """The stage's component CLI in a child process (at most ctx.max_parallel at once); its log goes to
-    `<stage dir>/stage.log`, its result into the stage cache like any other run."""
+    """The stage's component CLI in a child process (at most ctx.max_parallel cores' worth at once: `Slots`); its
+    log goes to `<stage dir>/stage.log`, its result into the stage cache like any other run."""
     logger = get_run_logger()
     folder = Path(getattr(spec, "run_dir", None) or ctx.stage_dir(stage, key))
     folder.mkdir(parents=True, exist_ok=True)
@@ -352,7 +381,7 @@ def _run_subprocess(stage: str, spec: BaseModel, key: str, ctx: StageContext) ->
     out_file.unlink(missing_ok=True)
     command = [sys.executable, "-m", "flows.stages", stage, str(spec_file), str(out_file)]
     env = {**os.environ, **ctx.env, "TQDM_MININTERVAL": "30"}
-    with _slots(ctx.max_parallel):
+    with _slots(ctx.max_parallel).take(Slots.units_of(spec)):
         logger.info("stage %s -> child process (log %s)", stage, log_file)
         t0 = time.perf_counter()
         with open(log_file, "wb") as log:
