@@ -345,7 +345,7 @@ class Slots:
 
     @staticmethod
     def units_of(spec: BaseModel) -> int:
-        return max(1, int(getattr(spec, "threads", None) or 1)) * max(1, int(getattr(spec, "nproc", None) or 1))
+        return (getattr(spec, "threads", None) or 1) * (getattr(spec, "nproc", None) or 1)
 
     @contextlib.contextmanager
     def take(self, units: int) -> Any:
