@@ -9,6 +9,7 @@ snapshot is the artifact later stages name ("which bank did this model see").
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from pydantic import Field
 
@@ -38,6 +39,7 @@ def bank(spec: BankSpec) -> StageResult:
                 fh, spec.success_threshold, source_run=str(spec.dataset.metadata.get("source_run", ""))
             )
         with ExperienceBank.open(location, spec.bank_name, spec.embedder, min_reward=spec.success_threshold) as b:
+            check_suite(b, spec.suite, location, spec.bank_name)
             report = b.ingest(records)
             held_out = open_suite(spec.suite).tasks("eval")
             audit = b.audit(eval_task_ids=[t.task_id for t in held_out], eval_tasks=[t.instruction for t in held_out])
@@ -54,6 +56,17 @@ def bank(spec: BankSpec) -> StageResult:
     text = f"bank v{version}: {count} entries (+{report.added}, {report.duplicates} already there)"
     return StageResult(stage="bank", artifacts={"bank_snapshot": ref}, metrics=metrics, mlflow_run_id=run.run_id,
                        summary=text)  # fmt: skip
+
+
+def check_suite(bank: Any, suite: str, location: str, name: str) -> None:
+    """One suite per bank: entries of another suite (another rule draw or code style of toolworld-rules, another
+    benchmark) would reach the cold start and the teacher's retrieval with their stale codes."""
+    others = sorted({e.metadata.get("suite") for e in bank.experiences()} - {suite, None})
+    if others:
+        raise ValueError(
+            f"bank {name!r} in {location} holds experiences of {', '.join(others)}, and this run's suite is "
+            f"{suite!r}: one bank per suite. Use another run_dir, or another bank (bank.name=experience-{suite})"
+        )
 
 
 if __name__ == "__main__":

@@ -41,6 +41,9 @@ class ColdStartSpec(StageSpec):
     lopd: LOPDConfig = LOPDConfig()
     cold: ColdStartConfig = ColdStartConfig()
     success_threshold: float = Field(1.0, ge=0, le=1)
+    # the latent-dependence probe's targets (cold.probe_tasks): the validation slice's tasks at these levels
+    validation_fraction: float = Field(0.0, ge=0, lt=1)
+    difficulties: list[int] | None = None
     threads: int = Field(1, ge=1)
     # data-parallel ranks on this node (one per GPU): > 1 runs the stage under `torchrun --nproc-per-node nproc`
     # (lopd_core.cold_start splits every batch over the ranks); a stage already started by torchrun uses its world
@@ -58,8 +61,10 @@ def cold_start(spec: ColdStartSpec) -> StageResult:
     # the stage's heavy imports load when it runs, so that `--help` stays fast
 
     from components.memory import open_snapshot
+    from components.probe import house_rules, latent_probe_for
     from lopd_core.checkpoint import save_checkpoint
     from lopd_core.cold_start import cold_start as run_cold_start
+    from lopd_core.latent_probe import LatentProbe
     from lopd_core.models import build_models
     from lopd_core.serialization import ChatSerializer
 
@@ -75,22 +80,41 @@ def cold_start(spec: ColdStartSpec) -> StageResult:
         model, tok, source = load_stage_backbone(spec.backbone, spec.warm_start, store)
         models = build_models(model, tok, spec.lopd)
         where = "cold_start" + (f"/rank{world.rank}" if world.rank else "")  # one restored copy per rank
+        serializer = ChatSerializer(tok, spec.lopd.max_seq_len)
+        rules = house_rules(spec.suite)
+        if spec.cold.relabel_codes != "none" and rules is None:
+            raise ValueError(f"cold.relabel_codes={spec.cold.relabel_codes} rewrites house codes, and suite "
+                             f"{spec.suite!r} has none: use a toolworld-rules suite or relabel_codes=none")  # fmt: skip
+        relabel = rules.relabeller(spec.cold.relabel_codes) if rules and spec.cold.relabel_codes != "none" else None
+        probes: list[LatentProbe] = []
         with open_snapshot(spec, spec.bank_snapshot, where) as bank:
             scoped = spec.lopd.retrieval_scope == "environment"
             env_of = {t.task_id: t.env_id for t in successes}.get if scoped else None
             retrieve = bank.retriever(k=spec.lopd.n_retrieved, env_of=env_of)
+            on_probe = None
+            where_probe = (spec.suite, spec.validation_fraction, spec.difficulties)
+            probe = latent_probe_for(*where_probe, spec.cold.probe_tasks, spec.lopd.seed, bank, spec.lopd.n_retrieved) \
+                if world.is_main else None  # fmt: skip
+            if probe is not None:
+
+                def on_probe(step: int) -> None:
+                    probes.append(probe(models, serializer))
+                    run.log_metrics(probes[-1].metrics(), step=step)
+
             t0 = time.time()
             losses = run_cold_start(
-                models, ChatSerializer(tok, spec.lopd.max_seq_len), successes, retrieve, spec.lopd, spec.cold,
+                models, serializer, successes, retrieve, spec.lopd, spec.cold,
                 on_step=(lambda i, loss: run.log_metrics({"nll": loss}, step=i)) if world.is_main else None,
-                success_threshold=spec.success_threshold, world=world,
+                success_threshold=spec.success_threshold, world=world, relabel=relabel, on_probe=on_probe,
+                probe_every=spec.cold.probe_every, token_marks=rules.spans if rules else None,
             )  # fmt: skip
         if not world.is_main:
             return other_rank_result("cold_start", len(losses))
         path = save_checkpoint(
             Path(spec.stage_dir("cold_start")) / "composer", models, None,
             {"step": 0, "backbone": source, "role": "cold_start", "config": spec.lopd.model_dump(mode="json"),
-             "losses": losses, "n_records": len(successes)},
+             "losses": losses, "n_records": len(successes),
+             "probe": probes[-1].metrics() if probes else None},  # the train stage logs it beside its own
         )  # fmt: skip
         ref = store.put(path, "checkpoint", {"role": "cold_start", "backbone": label})
         metrics = {
@@ -99,11 +123,14 @@ def cold_start(spec: ColdStartSpec) -> StageResult:
             "n_records": float(len(successes)),
             "anchor_cache": float(len(models.composer.anchor_cache)),
             "seconds": time.time() - t0,
+            **(probes[-1].metrics() if probes else {}),
         }
-        run.log_metrics({k: v for k, v in metrics.items() if v == v})
+        run.log_metrics({k: v for k, v in metrics.items() if v == v and not k.startswith("probe_")})  # probes: logged
         run.log_checkpoint(ref)
     text = (f"cold-start: {len(losses)} steps on {len(successes)} successes, "
             f"NLL {metrics['nll_first']:.3f} -> {metrics['nll_last']:.3f}")  # fmt: skip
+    if probes:
+        text += f"; latent probe {probes[-1].summary()}"
     return StageResult(stage="cold_start", artifacts={"composer": ref}, metrics=metrics, mlflow_run_id=run.run_id,
                        summary=text)  # fmt: skip
 

@@ -41,6 +41,7 @@ from lopd_core.method_rules import METHOD_RULES
 
 logger = logging.getLogger(__name__)
 RANK_SEED_STRIDE = 1_000_000_007  # rollout seeds of rank r are offset by r * this
+RUN_ID_FILE = "mlflow_run_id"  # the MLflow run of this arm, written when it starts: a rerun continues it
 
 
 class TrainSpec(StageSpec):
@@ -56,6 +57,9 @@ class TrainSpec(StageSpec):
     rollout: RolloutConfig = RolloutConfig()
     n_train_tasks: int | None = Field(None, ge=1)  # restrict to a seeded sample of the training split
     difficulties: list[int] | None = None
+    # the latent-dependence probe of the trained teacher (components.probe; LOPD on a suite with house rules): how many
+    # validation tasks it scores at the end of training (0: none)
+    probe_tasks: int = Field(48, ge=0)
     resume: bool = True  # continue from this spec's last checkpoint when there is one
     threads: int = Field(1, ge=1)
     # data-parallel ranks on this node (one per GPU): > 1 runs the stage under `torchrun --nproc-per-node nproc`
@@ -137,6 +141,7 @@ class _Setup:
     saved: dict | None  # the last checkpoint's state.json when resuming
     models: Any  # lopd_core.models.LOPDModels
     source: str  # where the backbone came from (logged with the checkpoint)
+    cold_probe: dict  # the cold start's latent-dependence probe, `cold_probe_*` (LOPD on a suite with house rules)
 
 
 def train(spec: TrainSpec) -> StageResult:
@@ -153,11 +158,18 @@ def train(spec: TrainSpec) -> StageResult:
         bank = _open_bank(spec, cfg, run_setup.run_name, world, scope)
         labels = {"method": cfg.method, "seed": cfg.seed, "backbone": label,
                   "bank_snapshot_id": spec.bank_snapshot.sha256[:16] if spec.bank_snapshot else None}  # fmt: skip
+        # the run to continue: the checkpoint's, else the one a run cut before its first checkpoint started
+        run_file = run_setup.ckpt_dir / RUN_ID_FILE
         resume_id = run_setup.saved.get("mlflow_run_id") if run_setup.saved else None
+        if resume_id is None and spec.resume and run_file.exists():
+            resume_id = run_file.read_text().strip() or None
         t0 = time.time()
         tracking = start_tracking(spec, "train", spec.suite, spec, resume_run_id=resume_id, **labels) \
             if world.is_main else NullRun()  # fmt: skip
         with tracking as run:  # MLflow from rank 0 only
+            if world.is_main:
+                run_setup.ckpt_dir.mkdir(parents=True, exist_ok=True)
+                run_file.write_text(run.run_id)
             sink = run.metrics_sink()
             step = _step(spec, run_setup, bank, sink)
             rollout = _rollouts(spec, run_setup, step, world, scope)
@@ -176,7 +188,12 @@ def train(spec: TrainSpec) -> StageResult:
             sink.close()
             if not world.is_main:
                 return other_rank_result("train", out["steps_done"])
-            return _report(spec, run_setup, run, out, label, time.time() - t0)
+            probe = _probe(spec, run_setup, bank)
+            if probe:  # the trained teacher's probe at the last step, the cold-started one's at the first
+                run.log_metrics(probe, step=max(out["steps_done"] - 1, 0))
+                run.log_metrics(run_setup.cold_probe, step=0)
+            probe |= run_setup.cold_probe if probe else {}
+            return _report(spec, run_setup, run, out, label, time.time() - t0, probe)
 
 
 def _set_up(spec: TrainSpec) -> _Setup:
@@ -221,7 +238,11 @@ def _set_up(spec: TrainSpec) -> _Setup:
         # full fine-tuning: the student keeps the backbone's (warm-start) weights
         load_model_tensors(models, load_file(str(composer_dir / "weights.safetensors")), student=False)
         models.composer.anchor_cache.load(composer_dir / "latent_cache.safetensors")
-    return _Setup(cfg, suite, tasks, solutions, notes, run_name, ckpt_dir, saved, models, source)
+        cold_probe = json.loads((composer_dir / "state.json").read_text()).get("probe") or {}
+    else:
+        cold_probe = {}
+    return _Setup(cfg, suite, tasks, solutions, notes, run_name, ckpt_dir, saved, models, source,
+                  {f"cold_{k}": v for k, v in cold_probe.items()})  # fmt: skip
 
 
 def _open_bank(spec: TrainSpec, cfg: LOPDConfig, run_name: str, world: Any, scope: contextlib.ExitStack) -> Any:
@@ -283,7 +304,22 @@ def _rollouts(spec: TrainSpec, s: _Setup, step: Any, world: Any, scope: contextl
     return rollout
 
 
-def _report(spec: TrainSpec, s: _Setup, run: Any, out: dict, label: str, seconds: float) -> StageResult:
+def _probe(spec: TrainSpec, s: _Setup, bank: Any) -> dict[str, float]:
+    """The latent-dependence probe of the trained teacher (a teacher that reads latents, on a suite with house rules):
+    its `probe_*` metrics, or none."""
+    from components.probe import latent_probe_for
+    from lopd_core.serialization import ChatSerializer
+
+    if bank is None or not METHOD_RULES[s.cfg.method].reads_bank:
+        return {}
+    where = (spec.suite, spec.validation_fraction, spec.difficulties)
+    probe = latent_probe_for(*where, spec.probe_tasks, s.cfg.seed, bank, s.cfg.n_retrieved)
+    return probe(s.models, ChatSerializer(s.models.tokenizer, s.cfg.max_seq_len)).metrics() if probe else {}
+
+
+def _report(
+    spec: TrainSpec, s: _Setup, run: Any, out: dict, label: str, seconds: float, probe: dict[str, float]
+) -> StageResult:
     """Rank 0's epilogue: the final checkpoint stored, the curves logged, the stage's metrics and summary."""
     cfg = s.cfg
     final = spec.store().put(s.ckpt_dir / "last", "checkpoint",
@@ -294,7 +330,7 @@ def _report(spec: TrainSpec, s: _Setup, run: Any, out: dict, label: str, seconds
     metrics = {k: float(v) for k, v in last.items() if isinstance(v, (int, float))}
     n_reference = sum(source == "reference" for _, source in s.solutions.values())
     metrics.update(steps=float(out["steps_done"]), generations_total=float(out["generations"]), seconds=seconds,
-                   solutions_from_reference=float(n_reference))  # fmt: skip
+                   solutions_from_reference=float(n_reference), **probe)  # fmt: skip
     (spec.stage_dir("train") / f"{s.run_name}.history.json").write_text(json.dumps(out["history"]))
     text = (f"{cfg.method} seed {cfg.seed}: {out['steps_done']} steps, {out['generations']} generations, "
             f"final reward {metrics.get('reward_mean', float('nan')):.3f}")  # fmt: skip

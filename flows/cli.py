@@ -172,6 +172,10 @@ def study(
             "hybrids DiffGate (OPSD's and LOPD's teacher) and SCOPE."
         ),
     ] = False,
+    controls: Annotated[
+        bool,
+        typer.Option(help="Add the shuffled-reward control: GRPO with its rewards permuted across each batch."),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run's summary as JSON.")] = False,
 ) -> None:
     """Run a study: vanilla (the warm start) and every method x seed at one equal generation budget.
@@ -196,12 +200,12 @@ def study(
     from flows.study import lopd_study, with_arms
 
     try:
-        with_arms(cfg, ablation, family)
+        with_arms(cfg, ablation, family, controls)
     except ValueError as exc:
         _fail(f"{config}: {exc}")
     t0 = time.monotonic()
     with logs_above_bars(), _explained(t0):
-        summary = lopd_study(config=cfg, ablation=ablation, family=family)
+        summary = lopd_study(config=cfg, ablation=ablation, family=family, controls=controls)
     if as_json:
         typer.echo(json.dumps(summary, indent=2, default=str))
         return
@@ -215,20 +219,29 @@ def study(
 @contextlib.contextmanager
 def _explained(t0: float) -> Iterator[None]:
     """An error that explains itself (flows.console.clear_errors) ends the command with its message and how long
-    the run tried (retries included), without a traceback."""
+    the run tried (retries included), without a traceback. A stop (SIGTERM, Ctrl-C: flows.lifecycle) ends it with
+    one line that says how to resume, and exit code 143 or 130."""
+    import signal
+
+    from prefect.exceptions import TerminationSignal
+
     from flows.console import clear_errors
-    from flows.lifecycle import Stopped, stop_on_signals
+    from flows.lifecycle import Stopped, exit_code, fast_exit, quiet_prefect_logs, stop_on_signals, stop_signal
+
+    def stopped_line() -> str:
+        name = signal.Signals(stop_signal() or signal.SIGINT).name
+        return (f"stopped by {name} after {time.monotonic() - t0:.0f} s: finished stages are in the stage cache and "
+                "a cut training run keeps its last checkpoint; run the same command again to resume")  # fmt: skip
 
     try:
-        with stop_on_signals():  # SIGTERM as Ctrl-C: the stages stop too (flows.lifecycle)
+        with stop_on_signals(stopped_line):  # SIGTERM as Ctrl-C: the stages stop too (flows.lifecycle)
             yield
     except clear_errors() as exc:
         _fail(f"{exc}\n(the run stopped after {time.monotonic() - t0:.0f} s, retries included: execution.retries)", 1)
-    except (KeyboardInterrupt, Stopped) as exc:
-        signal_name = str(exc) if str(exc).startswith("SIG") else "SIGINT"
-        _fail(f"stopped by {signal_name} after {time.monotonic() - t0:.0f} s: finished stages are in the stage cache "
-              "and a cut training run keeps its last checkpoint; run the same command again to resume",
-              143 if signal_name == "SIGTERM" else 130)  # fmt: skip
+    except (KeyboardInterrupt, Stopped, TerminationSignal):
+        quiet_prefect_logs()  # nothing is sent to the API while the interpreter shuts down
+        fast_exit()
+        _fail(stopped_line(), exit_code(stop_signal()))
 
 
 def _run_deployment(name: str, config: dict[str, Any], wait: bool, as_json: bool) -> None:
@@ -239,7 +252,13 @@ def _run_deployment(name: str, config: dict[str, Any], wait: bool, as_json: bool
     from prefect.deployments import run_deployment
     from prefect.utilities.urls import url_for
 
-    run_ = run_deployment(name, parameters={"config": config}, timeout=None if wait else 0, as_subflow=False)
+    from flows.lifecycle import remote_stage
+    from flows.stages import cancel_flow_run, wait_for_flow_run
+
+    run_ = run_deployment(name, parameters={"config": config}, timeout=0, as_subflow=False)
+    if wait:  # a stop while waiting (SIGTERM, Ctrl-C) cancels the flow run: its worker stops it
+        with _explained(time.monotonic()), remote_stage(str(run_.id), lambda: cancel_flow_run(run_.id)):
+            run_ = wait_for_flow_run(run_.id, None)
     state = run_.state
     info = {"flow_run_id": str(run_.id), "name": run_.name, "state": state.name if state else None}
     url = url_for(run_)
@@ -443,7 +462,9 @@ def watch(
     _prefect_defaults()
     from flows.retrain import bank_watch
 
-    typer.echo(json.dumps(bank_watch(run_dir=run_dir, min_growth=min_growth, debounce_s=debounce_s), indent=2))
+    with _explained(time.monotonic()):
+        result = bank_watch(run_dir=run_dir, min_growth=min_growth, debounce_s=debounce_s)
+    typer.echo(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -239,13 +239,14 @@ class ExecutionParams(Model):
 
 class Variant(Model):
     """An extra arm of the sweep: a method with overrides of its own (e.g. the fig. 3 ablation: LOPD at another
-    margin, or with a frozen composer). Overrides use dotted keys under `lopd.` and `train.`."""
+    margin, or with a frozen composer). Overrides use dotted keys under `lopd.`, `train.` and `cold_start.` (an arm
+    whose composer or cold start differs gets a cold start of its own)."""
 
     method: Method = Field(description="The method this arm runs.")
     overrides: dict[str, Any] = Field(default_factory=dict, description='e.g. {"lopd.margin_target": 0.0}')
 
 
-OVERRIDE_ROOTS = ("lopd", "train")
+OVERRIDE_ROOTS = ("lopd", "train", "cold_start")
 
 
 class PipelineConfig(Model):
@@ -287,6 +288,12 @@ class PipelineConfig(Model):
         False,
         description="A suite with house rules (toolworld-rules): also warm-start a student on rule-following "
         "demonstrations (sft.house_codes: correct) and score it beside the warm start: the ceiling's calibration row.",
+    )
+    draws: list[int] | None = Field(
+        None,
+        description="A study on a toolworld-rules suite: run it on each of these rule draws (the suite's seed), one "
+        "warm start for all, a bank per draw, and report each draw and the draws pooled (lopd study). null = the "
+        "suite's own draw only.",
     )
     budget: int | None = Field(
         None,
@@ -338,6 +345,9 @@ class PipelineConfig(Model):
                     f"{rules.group_reason}; set it in overrides, e.g. overrides: "
                     f'{{{arm}: {{"train.schedule.samples_per_task": {max(rules.min_group, 4)}}}}}'
                 )
+        self._check_rules_benchmarks()
+        if self.draws is not None and not self.suite.startswith("toolworld-rules"):
+            raise ValueError(f"draws: rule draws need a toolworld-rules suite, got suite={self.suite!r}")
         if self.oracle and (self.sft is None or not self.suite.startswith("toolworld-rules")):
             given = f"sft={'set' if self.sft else 'null'}, suite={self.suite!r}"
             raise ValueError(f"oracle: the rule-following warm start needs sft and a suite with house rules "
@@ -385,6 +395,37 @@ class PipelineConfig(Model):
             update["bank"] = self.bank.model_copy(update={"location": self.resolved_bank_location()})
         return self.model_copy(update=update)
 
+    def _check_rules_benchmarks(self) -> None:
+        """A rules suite's held-out score must be on its own rules: an evaluation benchmark that names another
+        draw, k or code style of toolworld-rules than `suite` would score the trained codes against other ones."""
+        from lopd_core.envs.toolworld.rules import parse_rules_name
+
+        trained = parse_rules_name(self.suite)
+        for i, bench in enumerate(self.evaluate.benchmarks):
+            scored = parse_rules_name(bench.name)
+            if scored is not None and scored != trained:
+                raise ValueError(
+                    f"evaluate.benchmarks[{i}].name={bench.name!r} scores other house rules than suite={self.suite!r}: "
+                    f"set both to the same toolworld-rules suite (overriding suite, override the benchmark list too)"
+                )
+
+    def for_draw(self, draw: int) -> PipelineConfig:
+        """The same config on another rule draw: the suite, the benchmarks that score it and the bank (one per
+        suite: components.bank.check_suite) follow the draw; the warm start does not depend on it (flows.specs)."""
+        from lopd_core.envs.toolworld.rules import parse_rules_name, rules_suite_name
+
+        rules = parse_rules_name(self.suite)
+        if rules is None:
+            raise ValueError(f"suite {self.suite!r} has no house rules to draw")
+        suite = rules_suite_name(draw, rules.k, rules.style)
+        benchmarks = [b.model_copy(update={"name": suite}) if b.name == self.suite else b
+                      for b in self.evaluate.benchmarks]  # fmt: skip
+        return self.model_copy(update={
+            "suite": suite, "draws": None,
+            "evaluate": self.evaluate.model_copy(update={"benchmarks": benchmarks}),
+            "bank": self.bank.model_copy(update={"name": f"{self.bank.name}-s{draw}"}),
+        })  # fmt: skip
+
     def method_config(self, method: str, seed: int) -> LOPDConfig:
         """The method's LOPDConfig for `seed` (with the method's overrides; used for arms named by a method)."""
         return self.arm_config(method)[0].model_copy(update={"method": method, "seed": seed})
@@ -401,8 +442,24 @@ class PipelineConfig(Model):
     def arm_config(self, arm: str) -> tuple[LOPDConfig, TrainParams]:
         """An arm's method config and train settings: lopd/train, then the method's overrides, then the variant's;
         with a budget, schedule.steps = ceil(budget / (tasks_per_step x samples_per_task))."""
+        lopd, train, _ = self._arm(arm)
+        return lopd, train
+
+    def arm_cold_start(self, arm: str, seed: int) -> tuple[LOPDConfig, ColdStartConfig]:
+        """The cold start an arm's composer comes from: LOPD's config for `seed` with the arm's composer settings
+        (`method_rules.composer_fields`: the composer, its retrieval and the reader) and the arm's cold_start.*
+        overrides. Arms that differ only in what training does (a margin, a frozen composer) share one."""
+        from lopd_core.method_rules import composer_fields
+
+        lopd, _, cold = self._arm(arm)
+        base = self.method_config("lopd", seed)
+        same = {f: getattr(lopd, f) for f in composer_fields() if getattr(lopd, f) != getattr(base, f)}
+        return base.model_copy(update=same), cold
+
+    def _arm(self, arm: str) -> tuple[LOPDConfig, TrainParams, ColdStartConfig]:
         method = self.variants[arm].method if arm in self.variants else arm
-        data = {"lopd": self.lopd.model_dump(mode="json"), "train": self.train.model_dump(mode="json")}
+        data = {"lopd": self.lopd.model_dump(mode="json"), "train": self.train.model_dump(mode="json"),
+                "cold_start": self.cold_start.model_dump(mode="json")}  # fmt: skip
         layers = [self.overrides.get(method, {})] if arm in self.variants else []
         layers += [self.overrides.get(arm, {})]
         if arm in self.variants:
@@ -415,6 +472,7 @@ class PipelineConfig(Model):
         data["lopd"]["method"] = method
         try:
             lopd, train = LOPDConfig.model_validate(data["lopd"]), TrainParams.model_validate(data["train"])
+            cold = ColdStartConfig.model_validate(data["cold_start"])
         except ValidationError as exc:
             raise ValueError(f"arm {arm!r}: invalid override:\n{exc}") from None
         if self.budget is not None:
@@ -424,7 +482,7 @@ class PipelineConfig(Model):
             train = train.model_copy(
                 update={"schedule": train.schedule.model_copy(update={"steps": steps, "checkpoint_every": every})}
             )
-        return lopd, train
+        return lopd, train, cold
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json", exclude_defaults=False), sort_keys=False)

@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from components.common import StageResult
 from components.tracking import Tag, Tracker, redact
 from flows.config import PipelineConfig, Preset, preset_config, with_overrides
-from flows.lifecycle import RunDirLock
+from flows.lifecycle import STOP, RunDirLock, stop_stages_on_sigterm, stopping_on_interrupt
 from flows.report import ORACLE_LABEL, ReportSpec, arms_table, section, study_tables
 from flows.specs import bank_spec, cold_start_spec, collect_spec, common_fields, evaluate_spec, sft_spec, train_spec
 from flows.stages import StageContext, retry_transient, stage_key, stage_task
@@ -137,17 +137,20 @@ def _run(calls: list[tuple[str, str, BaseModel]], ctx: StageContext, cfg: Pipeli
     ex = cfg.execution
     task_ = stage_task.with_options(retries=ex.retries, retry_delay_seconds=exponential_backoff(ex.retry_delay_s))
     parallel = ex.mode != "in_process" and len(calls) > 1 and all(s in ctx.remote_stages for s, _, _ in calls)
-    if parallel:
-        futures = [task_.with_options(task_run_name=label).submit(stage, spec, ctx) for stage, label, spec in calls]
-        for future in futures:
-            future.wait()
-        states = [f.state for f in futures]
-    else:
-        states = [
-            task_.with_options(task_run_name=label)(stage, spec, ctx, return_state=True) for stage, label, spec in calls
-        ]
+    with stopping_on_interrupt():  # a signal that lands in this wait stops the running stages too
+        if parallel:
+            futures = [task_.with_options(task_run_name=label).submit(stage, spec, ctx) for stage, label, spec in calls]
+            for future in futures:
+                future.wait()
+            states = [f.state for f in futures]
+        else:
+            states = []
+            for stage, label, spec in calls:
+                states.append(task_.with_options(task_run_name=label)(stage, spec, ctx, return_state=True))
+                if STOP.is_set():
+                    break  # stopped: no further stage starts
     out = []
-    for (stage, label, spec), state in zip(calls, states, strict=True):
+    for (stage, label, spec), state in zip(calls, states, strict=False):
         result = state.result()  # raises the stage's error
         out.append(Outcome(stage, label, stage_key(stage, spec), result, state.name == "Cached"))
     return out
@@ -190,6 +193,11 @@ def lopd_pipeline(
             apply); the PipelineConfig tab starts from the paper's defaults, not from the preset's values.
     """
     cfg = preset_config(preset, overrides) if config is None else with_overrides(config, overrides)
+    with stop_stages_on_sigterm():  # SIGTERM stops the stages first, then the flow (flows.lifecycle)
+        return _pipeline(cfg)
+
+
+def _pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     logger = get_run_logger()
     run_dir = cfg.resolved_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -230,21 +238,13 @@ def lopd_pipeline(
             snapshot = b.result.artifacts["bank_snapshot"]
             arms = dict(cfg.arms())
             seeds, members = cfg.seeds, [(a, s) for a in arms for s in cfg.seeds]
-            composers: dict[int, ArtifactRef] = {}
-            if any(METHOD_RULES[m].reads_bank for m in arms.values()):  # a composer per seed, cold-started on the bank
-                colds = run(
-                    [
-                        ("cold_start", f"cold-start seed {s}", cold_start_spec(cfg, common, s, dataset, snapshot, warm))
-                        for s in seeds
-                    ]
-                )
-                composers = {s: o.result.artifacts["composer"] for s, o in zip(seeds, colds, strict=True)}
+            composers = cold_starts(cfg, common, arms, seeds, dataset, snapshot, warm, run)
             trained = run(
                 [
                     (
                         "train",
                         f"train {a} seed {s}",
-                        train_spec(cfg, common, a, s, dataset, snapshot, composers.get(s), warm),
+                        train_spec(cfg, common, a, s, dataset, snapshot, composers.get((a, s)), warm),
                     )
                     for a, s in members
                 ]
@@ -278,9 +278,10 @@ def lopd_pipeline(
             (r,) = run([("report", "report", report)])
             summary = publish(cfg, pipe, r, outcomes, flow_run_id, flow_run_url)
             record_trained(cfg, b.result, pipe, flow_run_id)
-        except BaseException:
+        except BaseException as exc:
+            status = "FAILED" if isinstance(exc, Exception) and not STOP.is_set() else "KILLED"  # stopped: KILLED
             try:
-                close(cfg, pipe, outcomes, "FAILED")
+                close(cfg, pipe, outcomes, status)
             except Exception as exc:  # keep the stage's own error
                 logger.warning("could not close the MLflow pipeline run %s: %s", pipe, exc)
             raise
@@ -292,6 +293,36 @@ def lopd_pipeline(
         return summary
     finally:
         lock.release()
+
+
+def cold_starts(
+    cfg: PipelineConfig,
+    common: dict[str, Any],
+    arms: dict[str, str],
+    seeds: list[int],
+    dataset: ArtifactRef,
+    snapshot: ArtifactRef,
+    warm: ArtifactRef | None,
+    run: Any,
+) -> dict[tuple[str, int], ArtifactRef]:
+    """(arm, seed) -> its cold-started composer, for every arm whose teacher reads the bank: one cold start per seed
+    and composer recipe (arms that differ only in training, like fig. 3's margins, share it)."""
+    wanted: dict[str, tuple[str, Any]] = {}  # stage key -> (label, spec), in order
+    key_of: dict[tuple[str, int], str] = {}
+    for arm, method in arms.items():
+        if not METHOD_RULES[method].reads_bank:
+            continue
+        for s in seeds:
+            spec = cold_start_spec(cfg, common, s, dataset, snapshot, warm, arm)
+            key = stage_key("cold_start", spec)
+            key_of[(arm, s)] = key
+            if key not in wanted:
+                base = cold_start_spec(cfg, common, s, dataset, snapshot, warm)
+                label = f"cold-start seed {s}" if key == stage_key("cold_start", base) else f"cold-start {arm} seed {s}"
+                wanted[key] = (label, spec)
+    done = run([("cold_start", label, spec) for label, spec in wanted.values()]) if wanted else []
+    by_key = {key: o.result.artifacts["composer"] for key, o in zip(wanted, done, strict=True)}
+    return {member: by_key[key] for member, key in key_of.items()}
 
 
 # ----------------------------------------------------------------------------------------- outputs and links

@@ -267,10 +267,12 @@ def arms_table(comparison: dict[str, Any]) -> dict[str, list[Any]]:
 
 
 def seed_means(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per method: number of seeds and mean / sample std of each benchmark's headline."""
+    """Per arm (a method, or a variant such as `grpo shuffled`): number of seeds and mean / sample std of each
+    benchmark's headline. Grouping by method would pool a variant with its method's arm."""
     out: dict[str, dict[str, Any]] = {}
     for row in rows:
-        entry = out.setdefault(row["method"] or "-", {"method": row["method"] or "-", "seeds": [], "scores": {}})
+        arm = row.get("arm") or row["method"] or "-"
+        entry = out.setdefault(arm, {"method": arm, "seeds": [], "scores": {}})
         entry["seeds"].append(row["seed"])
         for b, cell in row["benchmarks"].items():
             if cell.get("value") is not None:
@@ -326,7 +328,7 @@ def render_markdown(
             ]
             for m in means
         ]
-        parts += ["## Mean over seeds\n", _table(["Method", "Seeds", *benches], body)]
+        parts += ["## Mean over seeds\n", _table(["Arm", "Seeds", *benches], body)]
     if train:
         parts.append(f"## Training at an equal budget ({_fmt(budget)} generations)\n")
         header = ["Method", "Seed", "Step", "Generations", *BUDGET_METRICS, "Final step", "Final generations"]

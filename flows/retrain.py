@@ -30,6 +30,7 @@ from prefect.events import emit_event
 from prefect.tasks import exponential_backoff
 
 from flows.config import load_config
+from flows.lifecycle import stop_stages_on_sigterm
 from flows.pipeline import PIPELINE_FILE, TRAINED_FILE, lopd_pipeline
 from flows.stages import retry_transient
 
@@ -151,6 +152,11 @@ def lopd_retrain(run_dir: str = "runs/local", bank_version: int | None = None, m
         bank_version: The bank version that triggered the run (from the event; informational).
         min_growth: New bank entries since the last training needed to re-train.
     """
+    with stop_stages_on_sigterm():  # SIGTERM stops the pipeline's stages first (flows.lifecycle)
+        return _retrain(run_dir, bank_version, min_growth)
+
+
+def _retrain(run_dir: str, bank_version: int | None, min_growth: int) -> dict[str, Any]:
     logger = get_run_logger()
     root = Path(run_dir).expanduser().resolve()
     if not (root / PIPELINE_FILE).exists():

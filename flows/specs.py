@@ -33,18 +33,30 @@ def common_fields(cfg: PipelineConfig, parent_run_id: str, tags: dict[str, str])
 
 
 def sft_spec(cfg: PipelineConfig, common: dict[str, Any], oracle: bool = False) -> SFTSpec:
-    """The warm start; `oracle`: the same on rule-following demonstrations (the positive control's ceiling)."""
+    """The warm start; `oracle`: the same on rule-following demonstrations (the positive control's ceiling). A warm
+    start whose demonstrations draw their codes uniformly (house_codes: uniform) is the same for every rule draw,
+    so its spec names the draw-0 suite and one warm start (one stage-cache entry) serves every draw."""
     assert cfg.sft is not None
+    codes = "correct" if oracle else cfg.sft.house_codes
     return SFTSpec(
         **common,
         backbone=cfg.backbone,
-        suite=cfg.suite,
+        suite=draw_free_suite(cfg.suite) if codes == "uniform" else cfg.suite,
         validation_fraction=cfg.validation_fraction,
         difficulties=cfg.train.difficulties,
         sft=cfg.sft.model_copy(update={"house_codes": "correct"}) if oracle else cfg.sft,
         threads=cfg.execution.warm_threads or cfg.threads,
         nproc=cfg.train.nproc,
     )
+
+
+def draw_free_suite(suite: str) -> str:
+    """A rules suite's name with the draw (seed) left out: `toolworld-rules-s1-digits` -> `toolworld-rules-digits`;
+    another suite as it is."""
+    from lopd_core.envs.toolworld.rules import parse_rules_name, rules_suite_name
+
+    rules = parse_rules_name(suite)
+    return suite if rules is None else rules_suite_name(0, rules.k, rules.style)
 
 
 def collect_spec(cfg: PipelineConfig, common: dict[str, Any], warm: ArtifactRef | None = None) -> CollectSpec:
@@ -84,7 +96,11 @@ def cold_start_spec(
     dataset: ArtifactRef,
     snapshot: ArtifactRef,
     warm: ArtifactRef | None = None,
+    arm: str = "lopd",
 ) -> ColdStartSpec:
+    """The cold start of `arm`'s composer (PipelineConfig.arm_cold_start: arms with the same composer settings
+    share one)."""
+    lopd, cold = cfg.arm_cold_start(arm, seed)
     return ColdStartSpec(
         **common,
         backbone=cfg.backbone,
@@ -92,9 +108,11 @@ def cold_start_spec(
         suite=cfg.suite,
         dataset=dataset,
         bank_snapshot=snapshot,
-        lopd=cfg.method_config("lopd", seed),
-        cold=cfg.cold_start,
+        lopd=lopd,
+        cold=cold,
         success_threshold=cfg.success_threshold,
+        validation_fraction=cfg.validation_fraction,
+        difficulties=cfg.train.difficulties,
         threads=cfg.execution.warm_threads or cfg.threads,
         nproc=cfg.train.nproc,
     )
@@ -127,6 +145,7 @@ def train_spec(
         rollout=t.rollout,
         n_train_tasks=t.n_train_tasks,
         difficulties=t.difficulties,
+        probe_tasks=cfg.cold_start.probe_tasks if lopd else 0,
         threads=cfg.threads,
         nproc=t.nproc,
         nodes=t.nodes,

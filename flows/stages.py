@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -42,7 +43,17 @@ from components.evaluate import EvaluateSpec, evaluate
 from components.sft import SFTSpec, run_sft
 from components.train import TrainSpec, train
 from flows.cache import StageCache, code_version, key_material, stage_key
-from flows.lifecycle import STOP, RunDirLock, as_child_stage, check_stopped, run_child
+from flows.lifecycle import (
+    STOP,
+    RunDirLock,
+    Stopped,
+    as_child_stage,
+    check_stopped,
+    fast_exit,
+    remote_stage,
+    run_child,
+    stop_stages_on_sigterm,
+)
 from lopd_core.timing import SECTIONS
 
 StageName = Literal["sft", "collect", "bank", "cold_start", "train", "evaluate", "report"]
@@ -166,6 +177,11 @@ def lopd_stage(stage: StageName, spec: dict[str, Any], cache_key: str, cache_roo
         cache_key: The stage cache key the pipeline computed for this spec and code version.
         cache_root: The stage cache directory or s3://... prefix the result is stored under.
     """
+    with stop_stages_on_sigterm():  # a pod's SIGTERM stops a PyTorchJob's wait too (flows.lifecycle)
+        return _lopd_stage(stage, spec, cache_key, cache_root)
+
+
+def _lopd_stage(stage: str, spec: dict[str, Any], cache_key: str, cache_root: str) -> dict[str, Any]:
     parsed = parse_spec(stage, spec)
     if stage_key(stage, parsed) != cache_key:
         get_run_logger().warning(
@@ -310,6 +326,8 @@ def _run_remote(stage: str, spec: BaseModel, key: str, ctx: StageContext) -> Sta
     name = ctx.deployments[stage]
     variables = gpu_variables(stage, spec, ctx.job_variables_for(stage))
     logger.info("stage %s -> deployment %s (job variables %s)", stage, name, sorted(variables))
+    if STOP.is_set():
+        raise Stopped(f"the run is stopping: stage {stage} does not start")
     run = run_deployment(
         name,
         parameters={
@@ -319,9 +337,13 @@ def _run_remote(stage: str, spec: BaseModel, key: str, ctx: StageContext) -> Sta
             "cache_root": ctx.cache_root,
         },
         job_variables=variables,
-        timeout=ctx.timeout_s,
+        timeout=0,  # created, not awaited: a stop must be able to cancel it (flows.lifecycle.remote_stage)
         flow_run_name=f"{stage}-{key[:10]}",
     )
+    with remote_stage(str(run.id), lambda: cancel_flow_run(run.id)):
+        run = wait_for_flow_run(run.id, ctx.timeout_s)
+    if STOP.is_set():
+        raise Stopped(f"stage {stage}: deployment run {run.name} ({run.id}) was cancelled by the stop")
     state = run.state
     if state is None or not state.is_completed():
         crashed = state is not None and state.is_crashed()
@@ -330,6 +352,30 @@ def _run_remote(stage: str, spec: BaseModel, key: str, ctx: StageContext) -> Sta
     if result is None:
         raise StageRunError(f"stage {stage}: run {run.id} completed but left no result in {ctx.cache_root}")
     return result
+
+
+def cancel_flow_run(flow_run_id: Any) -> None:
+    """Ask the server to cancel a flow run: its worker sends the run's process (or pod) SIGTERM."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run_id, Cancelling(message="the pipeline that started it was stopped"))
+
+
+def wait_for_flow_run(flow_run_id: Any, timeout_s: float | None, poll_s: float = 2.0) -> Any:
+    """The flow run once it is final (or when `timeout_s` has passed, as run_deployment's timeout)."""
+    from prefect.client.orchestration import get_client
+
+    t0 = time.monotonic()
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(flow_run_id)
+            if (run.state is not None and run.state.is_final()) or (
+                timeout_s is not None and time.monotonic() - t0 > timeout_s
+            ):
+                return run
+            time.sleep(poll_s)
 
 
 class Slots:
@@ -351,7 +397,10 @@ class Slots:
     def take(self, units: int) -> Any:
         units = min(max(units, 1), self.capacity)
         with self._cond:
-            self._cond.wait_for(lambda: self.free >= units)
+            while not self._cond.wait_for(lambda: self.free >= units or STOP.is_set(), timeout=0.5):
+                pass
+            if STOP.is_set():  # a stage waiting for a slot when the run stops never starts
+                raise Stopped("the run is stopping: no new stage starts")
             self.free -= units
         try:
             yield
@@ -407,6 +456,8 @@ def _run_subprocess(stage: str, spec: BaseModel, key: str, ctx: StageContext) ->
 )
 def stage_task(stage: str, spec: BaseModel, ctx: StageContext) -> StageResult | State:
     """Run one stage unless its cache entry is usable; see the module docstring."""
+    if STOP.is_set():
+        raise Stopped(f"the run is stopping: stage {stage} does not start")
     logger = get_run_logger()
     key = stage_key(stage, spec)
     spec = spec.model_copy(update={"run_dir": ctx.stage_dir(stage, key)})
@@ -449,10 +500,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--cache-root and --cache-key go together")
     as_child_stage()  # SIGTERM stops it at once; it dies with its parent
     spec = parse_spec(args.stage, json.loads(Path(args.spec_file).read_text()))
-    with contextlib.ExitStack() as held:
-        if int(os.environ.get("RANK", "0")) == 0:  # one writer per stage directory (rank 0 of a multi-pod job)
-            held.enter_context(RunDirLock(Path(args.spec_file).parent, f"stage {args.stage}"))
-        result = timed_run(args.stage, spec)
+    t0 = time.monotonic()
+    try:
+        with contextlib.ExitStack() as held:
+            if int(os.environ.get("RANK", "0")) == 0:  # one writer per stage directory (rank 0 of a multi-pod job)
+                held.enter_context(RunDirLock(Path(args.spec_file).parent, f"stage {args.stage}"))
+            result = timed_run(args.stage, spec)
+    except KeyboardInterrupt:  # SIGTERM or Ctrl-C (as_child_stage): one line, not a traceback
+        print(f"stage {args.stage} stopped after {time.monotonic() - t0:.0f} s; its last checkpoint is kept")
+        fast_exit()
+        return 128 + signal.SIGTERM
     if int(os.environ.get("RANK", "0")) != 0:  # torchrun: the other ranks only trained
         return 0
     Path(args.out_file).write_text(result.model_dump_json(indent=2))

@@ -27,6 +27,7 @@ from prefect import flow
 from components.tracking import Tracker, run_series, train_metric
 from flows.config import PipelineConfig, Variant
 from flows.report import CALIBRATION
+from flows.verdicts import read_episodes, verdicts, verdicts_markdown
 from lopd_core.evaluation.study import Band, arm_summary, final_value, generations_to_reach, seed_band
 
 STUDY_FILES = ("study.json", "study_curves.png")
@@ -64,11 +65,24 @@ def hybrid_arms(cfg: PipelineConfig) -> dict[str, Variant]:
     return {arm: Variant(method=method, overrides=dict(group)) for arm, method in HYBRIDS.items()}
 
 
-def with_arms(cfg: PipelineConfig, ablation: bool = False, family: bool = False) -> PipelineConfig:
-    """The config with fig. 3's LOPD arms (`ablation`) and the OPD family's arms (`family`: its options on OPSD
-    and LOPD, and the hybrids) added to its variants. An option's arm is read beside its method's own arm, so
-    that method must be in `methods`."""
-    options: dict[str, Variant] = {}
+CONTROL = "grpo shuffled"  # the control arm of `--controls`
+
+
+def control_arms(cfg: PipelineConfig) -> dict[str, Variant]:
+    """The shuffled-reward control (issue 41): GRPO on its own schedule with its rewards permuted across each batch
+    (`baseline.shuffle_rewards`): what an update does without the reward's information. A method's gain counts only
+    against it."""
+    group = {k: v for k, v in cfg.overrides.get("grpo", {}).items() if k.startswith("train.schedule.")}
+    return {CONTROL: Variant(method="grpo", overrides={**group, "lopd.baseline.shuffle_rewards": True})}
+
+
+def with_arms(
+    cfg: PipelineConfig, ablation: bool = False, family: bool = False, controls: bool = False
+) -> PipelineConfig:
+    """The config with fig. 3's LOPD arms (`ablation`), the OPD family's arms (`family`: its options on OPSD
+    and LOPD, and the hybrids) and the shuffled-reward control (`controls`) added to its variants. An option's arm
+    is read beside its method's own arm, so that method must be in `methods`."""
+    options: dict[str, Variant] = control_arms(cfg) if controls else {}
     for wanted, arms in ((ablation, fig3_variants), (family, family_variants)):
         if wanted:
             options |= arms()
@@ -155,6 +169,46 @@ def diagnostics_section(
     return text, table
 
 
+PROBE = ("own", "other", "none", "rewritten")  # the latent-dependence probe's figures (lopd_core.latent_probe)
+PROBE_NOTE = """\
+The latent-dependence probe (lopd_core.latent_probe) on validation tasks' verified replays: the teacher's probability of
+its environment's right code reading the latents of (a) J successes of its own environment, (b) another
+environment's, (c) none; (d) the share that follows the code when (a)'s documents are rewritten to the other
+alternative. A teacher that reads its latents has (a) well above (b) and (c) and (d) near 1 (the gate: (a) - (b) >=
+0.3, (d) >= 0.7); one whose knowledge sits in its weights has (a) = (b) = (c) and (d) = 1 - (a). Latent change: the
+relative distance of the latents from (a)'s to (b)'s documents. Drift: the teacher reading (a)'s latents minus the
+plain warm start, mean log-probability over the non-code action tokens (below 0: distilling it makes the student worse
+there). Each seed's cold-started and trained teacher, averaged.
+"""
+
+
+def probe_section(tracker: Tracker, rows: list[dict[str, Any]], arms: list[str]) -> tuple[str, dict[str, Any]]:
+    """Per arm whose teacher reads latents: the probe of its cold-started and of its trained teacher (the train
+    run's `cold_probe_*` and `probe_*`), averaged over seeds."""
+    table: dict[str, Any] = {}
+    for arm in arms:
+        found: dict[str, list[float]] = {}
+        for r in rows:
+            if r["arm"] != arm or not r["train_run_id"]:
+                continue
+            metrics = tracker.call("reading a run", lambda r=r: tracker.client.get_run(r["train_run_id"])).data.metrics
+            for when in ("cold_probe", "probe"):
+                for key in (*PROBE, "change_other", "drift"):
+                    value = metrics.get(train_metric(f"{when}_{key}"))
+                    if value is not None:
+                        found.setdefault(f"{when}_{key}", []).append(value)
+        if found:
+            table[arm] = {k: statistics.fmean(v) for k, v in found.items()} | {"seeds": len(found.get("probe_own", []))}
+    if not table:
+        return "", {}
+    header = ["Arm", "Seeds", *(f"cold start ({x})" for x in "abcd"), "cold start latent change", "cold start drift",
+              *(f"trained ({x})" for x in "abcd"), "trained latent change", "trained drift"]  # fmt: skip
+    keys = [f"{when}_{x}" for when in ("cold_probe", "probe") for x in (*PROBE, "change_other", "drift")]
+    body = [[arm, str(d["seeds"]), *(("-" if k not in d or d[k] != d[k] else f"{d[k]:+.3f}" if k.endswith("drift")
+                                      else f"{d[k]:.2f}") for k in keys)] for arm, d in table.items()]  # fmt: skip
+    return "### Latent-dependence probe\n\n" + _table(header, body) + "\n" + PROBE_NOTE, table
+
+
 def _cell(est: Any, digits: int = 1) -> str:
     return "-" if est is None else est.format(digits)
 
@@ -211,9 +265,14 @@ def study_section(
         header = ["Arm", "Seeds", "Reward [95% CI tasks]", "Reward [95% CI seeds]", "Success % [tasks]",
                   "Success % [seeds]", "Δ reward vs vanilla [95% CI tasks]", "Generations",
                   "Train wall time (s)"]  # fmt: skip
-        parts += [f"### {bench} ({table.get('vanilla', {}).get('n_tasks', '?')} tasks)\n",
-                  _table(header, body)]  # fmt: skip
+        n_tasks = next((row["n_tasks"] for row in table.values() if "n_tasks" in row), "?")  # any arm's count
+        parts += [f"### {bench} ({n_tasks} tasks)\n", _table(header, body)]
         data["benchmarks"][bench] = table
+        data.setdefault("episodes", {})[bench] = episode_paths(rows, episodes, base, arms)
+        verdict = bench_verdicts(rows, episodes, bench, base, arms)
+        if verdict:
+            parts.append(verdicts_markdown(verdict, bench))
+            data.setdefault("verdicts", {})[bench] = _jsonable(verdict)
         text, paired = variants_section(per_arm, against)
         if text:
             parts.append(text)
@@ -228,6 +287,10 @@ def study_section(
         if text:
             parts.append(text)
             data["diagnostics"] = diagnostics
+    text, probes = probe_section(tracker, rows, arms)
+    if text:
+        parts.append(text)
+        data["latent_probe"] = probes
     bands = _curves(tracker, rows, arms)
     if bands:
         path = out_dir / "study_curves.png"
@@ -240,6 +303,40 @@ def study_section(
             parts.append(_efficiency_markdown(efficiency, reference))
     (out_dir / "study.json").write_text(json.dumps(data, indent=2, default=str))
     return "\n".join(parts), data
+
+
+def episode_paths(
+    rows: list[dict[str, Any]], episodes: dict[str, Path], base: dict[str, Any] | None, arms: list[str]
+) -> dict[str, Any]:
+    """Where each arm's and seed's evaluation records are (study.json), for a report that pools several studies."""
+    return {
+        "base": str(episodes[base["run_id"]]) if base and base["run_id"] in episodes else None,
+        "arms": {arm: {str(r["seed"]): str(episodes[r["run_id"]]) for r in rows
+                       if r["arm"] == arm and r["run_id"] in episodes} for arm in arms},
+    }  # fmt: skip
+
+
+def bench_verdicts(
+    rows: list[dict[str, Any]], episodes: dict[str, Path], bench: str, base: dict[str, Any] | None, arms: list[str]
+) -> dict[str, Any] | None:
+    """flows.verdicts' tables of one benchmark: every arm's seeds, the warm start, the shuffled-reward control."""
+    per_arm = {}
+    for arm in arms:
+        members = [r for r in rows if r["arm"] == arm and r["run_id"] in episodes]
+        if members:
+            per_arm[arm] = {r["seed"]: read_episodes(episodes[r["run_id"]], bench) for r in members}
+    if not per_arm:
+        return None
+    warm = read_episodes(episodes[base["run_id"]], bench) if base and base["run_id"] in episodes else None
+    return verdicts(per_arm, warm, control=CONTROL if CONTROL in per_arm else None)
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
 
 
 def variants_section(
@@ -361,7 +458,9 @@ def plot_bands(bands: dict[str, Band], out: Path, title: str) -> Path:
 
 
 @flow(name="lopd-study", log_prints=True)
-def lopd_study(config: PipelineConfig, ablation: bool = False, family: bool = False) -> dict[str, Any]:
+def lopd_study(
+    config: PipelineConfig, ablation: bool = False, family: bool = False, controls: bool = False
+) -> dict[str, Any]:
     """The study: the pipeline over every arm x seed at the config's equal budget, from its warm start; with
     `ablation`, fig. 3's LOPD variants (margins 0, 0.01, 0.1 and a frozen composer) join the grid; with `family`,
     the OPD family's options (forward KL, JSD, vOPD and sign on OPSD; the balanced margin and RA-OPD on LOPD) and
@@ -371,9 +470,48 @@ def lopd_study(config: PipelineConfig, ablation: bool = False, family: bool = Fa
         config: The pipeline config of the study (it needs a budget).
         ablation: Add fig. 3's LOPD variants: margins 0, 0.01, 0.1 and a frozen composer.
         family: Add the OPD family's arms (docs/methods.md).
+        controls: Add the shuffled-reward control: GRPO with its rewards permuted across each batch.
     """
+    from flows.lifecycle import stop_stages_on_sigterm
     from flows.pipeline import lopd_pipeline
 
     if config.budget is None:
         raise ValueError("a study compares methods at an equal generation budget: set budget (e.g. 1600)")
-    return lopd_pipeline(config=with_arms(config, ablation, family))
+    cfg = with_arms(config, ablation, family, controls)
+    with stop_stages_on_sigterm():  # SIGTERM stops the stages first, then the flows (flows.lifecycle)
+        if not cfg.draws:
+            return lopd_pipeline(config=cfg)
+        summaries = {draw: lopd_pipeline.with_options(flow_run_name=f"study draw {draw}")(config=cfg.for_draw(draw))
+                     for draw in cfg.draws}  # fmt: skip
+    pooled = pooled_report(summaries, Path(cfg.resolved_run_dir()) / "study-pooled")
+    return {**summaries[cfg.draws[-1]], "draws": {d: s["report"] for d, s in summaries.items()}, "report": pooled}
+
+
+def pooled_report(summaries: dict[int, dict[str, Any]], out_dir: Path) -> str:
+    """The verdict tables of every draw and of the draws pooled (flows.verdicts: keys and clusters marked by the
+    draw, since each draw's rule in an environment is its own instance); returns the report's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    per_draw = {d: json.loads((Path(s["report"]).parent / "study.json").read_text()) for d, s in summaries.items()}
+    benches = list(dict.fromkeys(b for data in per_draw.values() for b in data.get("episodes", {})))
+    parts, data = [f"# Study over rule draws {', '.join(map(str, summaries))}\n"], {}
+    for bench in benches:
+        arms: dict[str, dict[Any, Any]] = {}
+        base: dict[str, Any] = {}
+        for draw, study in per_draw.items():
+            where = study["episodes"].get(bench)
+            if not where:
+                continue
+            prefix = f"(s{draw}) "
+            if where.get("base"):
+                base |= read_episodes(Path(where["base"]), bench, prefix)
+            for arm, seeds in where["arms"].items():  # a seed's run on every draw: one replicate over all tasks
+                for seed, path in seeds.items():
+                    arms.setdefault(arm, {}).setdefault(seed, {}).update(read_episodes(Path(path), bench, prefix))
+        verdict = verdicts(arms, base or None, control=CONTROL if CONTROL in arms else None)
+        parts.append(verdicts_markdown(verdict, f"{bench}, draws pooled"))
+        data[bench] = _jsonable(verdict)
+    parts.append("Per draw: " + ", ".join(f"draw {d}: {s['report']}" for d, s in summaries.items()) + "\n")
+    (out_dir / "study.json").write_text(json.dumps(data, indent=2, default=str))
+    path = out_dir / "report.md"
+    path.write_text("\n".join(parts))
+    return str(path)

@@ -24,13 +24,17 @@ from tqdm import tqdm
 
 from lopd_core.config import ColdStartConfig, LOPDConfig
 from lopd_core.conversation import Trajectory, experience_document
+from lopd_core.diagnostics import TokenMarks, marked_positions
 from lopd_core.distributed import World, current_world, idle_loss
 from lopd_core.loss_head import token_logprobs
 from lopd_core.models import LOPDModels, hidden_at
 from lopd_core.optim import adamw
-from lopd_core.serialization import ChatSerializer, TeacherContext, aligned_action_positions
+from lopd_core.serialization import ChatSerializer, TeacherContext, TokenBatch, aligned_action_positions
 
 Retriever = Callable[[str, str], list[str]]
+# a record and its retrieved documents -> the same with one code drawn at random written everywhere
+# (`HouseRules.relabeller`, `ColdStartConfig.relabel_codes`)
+Relabel = Callable[[Trajectory, Sequence[str], random.Random], tuple[Trajectory, list[str]]]
 
 
 def latent_nll(
@@ -42,36 +46,91 @@ def latent_nll(
 
 
 def latent_nll_sum(
-    models: LOPDModels, serializer: ChatSerializer, batch: Sequence[Trajectory], retrieved: Sequence[Sequence[str]]
-) -> tuple[torch.Tensor, int]:
-    """The summed NLL of `latent_nll`, and its number of action tokens."""
+    models: LOPDModels,
+    serializer: ChatSerializer,
+    batch: Sequence[Trajectory],
+    retrieved: Sequence[Sequence[str]],
+    select: Callable[[Sequence[Trajectory], TokenBatch, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    | None = None,
+    unselected_weight: float = 0.0,
+) -> tuple[torch.Tensor, float]:
+    """The summed NLL of `latent_nll`, and its number of action tokens; with `select` (`token_selection`), over
+    the tokens it keeps: select(batch, student views, rows, positions, targets) -> a 0/1 mask over the tokens,
+    each token it leaves out weighted `unselected_weight` (0: left out; 1: every token, as without `select`) in the
+    sum and in the count."""
     cfg = models.cfg
     context = TeacherContext.latent(cfg.n_latents)
     s_batch = serializer.collate([serializer.student_view(t) for t in batch])
     t_batch = serializer.collate([serializer.teacher_view(t, context) for t in batch])
-    rows, _, t_pos, targets = aligned_action_positions(s_batch, t_batch)
+    rows, s_pos, t_pos, targets = aligned_action_positions(s_batch, t_batch)
     latents = models.composer([t.task for t in batch], retrieved)
     hidden = hidden_at(t_batch, rows, t_pos, lambda b, idx: models.teacher_hidden(
         b, latents if idx is None else latents[idx], models.teacher_adapter), cfg.length_grouping)  # fmt: skip
     head = models.backbone.get_output_embeddings().weight
-    return -token_logprobs(hidden, targets, head, cfg.head_chunk_size).sum(), int(targets.numel())
+    nll = -token_logprobs(hidden, targets, head, cfg.head_chunk_size)
+    if select is None:
+        return nll.sum(), float(targets.numel())
+    keep = select(batch, s_batch, rows, s_pos, targets).to(nll.dtype)
+    weight = keep + unselected_weight * (1 - keep)
+    return (nll * weight).sum(), float(weight.sum().item())
+
+
+def token_selector(
+    models: LOPDModels, serializer: ChatSerializer, cold: ColdStartConfig, token_marks: TokenMarks | None = None
+) -> Callable[..., torch.Tensor] | None:
+    """What `cold.token_selection` trains on (None: every action token, the paper's NLL):
+
+    * "surprising": the tokens the teacher without any context predicts with an NLL above
+      `cold.surprisal_threshold`: what a context could explain (a code the prompt does not give, not the JSON
+      around it), found without knowing the suite;
+    * "rule": the tokens that realise a rule of the suite (`token_marks`, the teacher diagnostics' marks)."""
+    if cold.token_selection == "all":
+        return None
+    if cold.token_selection == "rule" and token_marks is None:
+        raise ValueError("cold_start.token_selection=rule needs a suite that marks its rule tokens (toolworld-rules)")
+    head = models.backbone.get_output_embeddings().weight
+
+    def select(batch: Sequence[Trajectory], s_batch: TokenBatch, rows: torch.Tensor, s_pos: torch.Tensor,
+               targets: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        if cold.token_selection == "rule":
+            assert token_marks is not None
+            flags = torch.zeros(s_batch.action_mask.shape)
+            for b, traj in enumerate(batch):
+                for pos in marked_positions(serializer.student_view(traj), traj, serializer.tok, token_marks):
+                    flags[b, pos] = 1.0
+            return flags[rows, s_pos + 1].to(targets.device)
+        with torch.no_grad():  # the plain backbone (every adapter off) on the student's view: no context at all
+            plain = models.teacher_hidden(s_batch, None, None)[rows, s_pos]
+            nll = -token_logprobs(plain, targets, head, models.cfg.head_chunk_size)
+        return (nll > cold.surprisal_threshold).float()
+
+    return select
 
 
 class _ColdStartLoss(torch.nn.Module):
     """One step's loss on this rank's records, as a module so that DDP sees the forward of each backward: the NLL
     summed over the rank's action tokens / the batch's global count."""
 
-    def __init__(self, models: LOPDModels, serializer: ChatSerializer, world: World) -> None:
+    def __init__(
+        self,
+        models: LOPDModels,
+        serializer: ChatSerializer,
+        world: World,
+        select: Callable[..., torch.Tensor] | None,
+        unselected_weight: float = 0.0,
+    ) -> None:
         super().__init__()
         self.backbone, self.composer = models.backbone, models.composer
-        self.models, self.serializer, self.world = models, serializer, world
+        self.models, self.serializer, self.world, self.select = models, serializer, world, select
+        self.unselected_weight = unselected_weight
 
     def forward(self, batch: Sequence[Trajectory], retrieved: Sequence[Sequence[str]]) -> torch.Tensor:
         if batch:
-            total, count = latent_nll_sum(self.models, self.serializer, batch, retrieved)
+            total, count = latent_nll_sum(self.models, self.serializer, batch, retrieved, self.select,
+                                          self.unselected_weight)  # fmt: skip
         else:  # fewer records than ranks: a zero that still reaches the composer, as DDP expects
             total, count = idle_loss([p for p in self.composer.parameters() if p.requires_grad]), 0
-        return total / float(self.world.sum(float(count)))
+        return total / max(float(self.world.sum(float(count))), 1.0)  # a batch with no selected token: a zero
 
 
 def cold_start(
@@ -84,9 +143,16 @@ def cold_start(
     on_step: Callable[[int, float], None] | None = None,
     success_threshold: float = 1.0,
     world: World | None = None,
+    relabel: Relabel | None = None,
+    on_probe: Callable[[int], None] | None = None,
+    probe_every: int = 0,
+    token_marks: TokenMarks | None = None,
 ) -> list[float]:
     """Train the composer for `cold.steps` steps; freeze it as phi_0; fill the c_phi0 cache. Returns the losses
-    (global, the same on every rank). `world` (default: torchrun's, else one rank) splits each batch over ranks."""
+    (global, the same on every rank). `world` (default: torchrun's, else one rank) splits each batch over ranks.
+    `relabel` (`cold.relabel_codes`) rewrites each sampled record and its documents with a code drawn at random;
+    `on_probe(step)` runs after the last step, and with `probe_every` also before the first and every `probe_every`
+    steps (the latent-dependence probe's curve)."""
     world = world or current_world()
     records = [t for t in successes if not t.failed and t.reward >= success_threshold]
     if not records:
@@ -110,12 +176,22 @@ def cold_start(
         params.append({"params": reader, "lr": cold.lr})
     optimizer = adamw(params, weight_decay=cold.weight_decay)
     rng = random.Random(cfg.seed)
+    relabel_rng = random.Random(f"relabel|{cfg.seed}|{world.rank}")  # a rank relabels its own share
     models.train()
     losses = []
-    forward = world.wrap(_ColdStartLoss(models, serializer, world), find_unused_parameters=True)  # idle: student
+    select = token_selector(models, serializer, cold, token_marks)
+    forward = world.wrap(
+        _ColdStartLoss(models, serializer, world, select, cold.unselected_weight), find_unused_parameters=True
+    )  # idle: student
+    if on_probe is not None and probe_every:
+        on_probe(0)  # the curve starts at the untrained composer
     for step in tqdm(range(cold.steps), desc="cold-start", unit="step", disable=not world.is_main):
         batch = world.shard(rng.sample(records, min(cold.batch_size, len(records))))  # this rank's share
-        loss = forward(batch, [retrieved[t.task_id] for t in batch])
+        documents = [retrieved[t.task_id] for t in batch]
+        if relabel is not None:  # one random code per record, in its calls and its documents alike
+            pairs = [relabel(t, docs, relabel_rng) for t, docs in zip(batch, documents, strict=True)]
+            batch, documents = [p[0] for p in pairs], [p[1] for p in pairs]
+        loss = forward(batch, documents)
         optimizer.zero_grad(set_to_none=True)
         world.backward(loss)
         torch.nn.utils.clip_grad_norm_(models.composer.encoder_parameters(), cold.grad_clip_lora)
@@ -126,6 +202,10 @@ def cold_start(
         losses.append(float(world.sum(loss.detach())))
         if on_step is not None:
             on_step(step, losses[-1])
+        if on_probe is not None and probe_every and (step + 1) % probe_every == 0 and step + 1 < cold.steps:
+            on_probe(step + 1)
+    if on_probe is not None:
+        on_probe(cold.steps)
     for p in reader:  # the teacher's reader stays as the cold start left it
         p.requires_grad_(False)
     models.composer.freeze_anchor()

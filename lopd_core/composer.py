@@ -8,7 +8,9 @@ The QFormer follows app. A.1 and the reference code: K learned queries (init ran
 whose weights are shared across 8 layers, feed-forward multiplier 4, hidden size and heads from the
 backbone, attention keys/values over [queries; encoder states], linear input and output projections and a
 final LayerNorm. Ours, where neither says: pre-LayerNorm residual block, GELU, and an output projection
-initialised so the latents start at the scale of the backbone's input embeddings.
+initialised so the latents start at the scale of the backbone's input embeddings. Ours, an option
+(`lopd.latent_values: tokens`, DESIGN.md §11): each latent is a learned pointer's mixture of the experience's own
+input token embeddings, the space the teacher reads (`QFormer`).
 """
 
 from __future__ import annotations
@@ -53,10 +55,32 @@ class QFormerBlock(nn.Module):
 
 
 class QFormer(nn.Module):
+    """K learned queries read the encoder states through one shared block applied `n_layers` times.
+
+    values="states" (the paper's): the latents are the queries after the last layer, LayerNorm and an output
+    projection: vectors in a space of their own, which the teacher must learn to read.
+    values="tokens" (ours, DESIGN.md §11): latent k points into the experience: the softmax_i(q_k . W_k h_i / sqrt(d))
+    weighted mixture of the experience's input token embeddings e_i (h_i its encoder states), with the pointer
+    q_k = p_k + the same output projection of the query (which starts small: the pointers start as learned
+    constants; content-dependent pointers from the start kept the 1M testbed's composer from learning to find a
+    code). A latent lives where the teacher's own input embeddings live, so a teacher that copies a token it reads in
+    its context can read one the composer points at.
+    """
+
     def __init__(
-        self, d: int, n_heads: int, n_queries: int = 32, n_layers: int = 8, ff_mult: int = 4, out_std: float = 0.02
+        self,
+        d: int,
+        n_heads: int,
+        n_queries: int = 32,
+        n_layers: int = 8,
+        ff_mult: int = 4,
+        out_std: float = 0.02,
+        values: str = "states",
     ) -> None:
         super().__init__()
+        if values not in ("states", "tokens"):
+            raise ValueError(f"QFormer values must be 'states' or 'tokens', got {values!r}")
+        self.values = values
         self.queries = nn.Parameter(torch.randn(n_queries, d) / math.sqrt(d))
         self.in_proj = nn.Linear(d, d)
         self.block = QFormerBlock(d, n_heads, ff_mult)  # one block, applied n_layers times
@@ -65,15 +89,29 @@ class QFormer(nn.Module):
         self.out_proj = nn.Linear(d, d)
         nn.init.normal_(self.out_proj.weight, std=out_std / math.sqrt(d))
         nn.init.zeros_(self.out_proj.bias)
+        if values == "tokens":
+            self.pointer_queries = nn.Parameter(torch.randn(n_queries, d) / math.sqrt(d))
+            self.pointer_keys = nn.Linear(d, d)
 
-    def forward(self, states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """states [N, L, d], attention_mask [N, L] (1 = token) -> [N, K, d]."""
-        states = self.in_proj(states)
+    def forward(
+        self, states: torch.Tensor, attention_mask: torch.Tensor, tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """states [N, L, d], attention_mask [N, L] (1 = token), tokens [N, L, d] (the experience's input token
+        embeddings; values="tokens" only) -> [N, K, d]."""
+        x_states = self.in_proj(states)
         pad = attention_mask == 0
         x = self.queries.unsqueeze(0).expand(states.shape[0], -1, -1)
         for _ in range(self.n_layers):
-            x = self.block(x, states, pad)
-        return self.out_proj(self.norm(x))
+            x = self.block(x, x_states, pad)
+        out = self.out_proj(self.norm(x))
+        if self.values == "states":
+            return out
+        if tokens is None:
+            raise ValueError("a QFormer with values='tokens' needs the experience's token embeddings")
+        query = self.pointer_queries + out  # learned pointers, moved by what the queries read (small at first)
+        logits = query @ self.pointer_keys(states).transpose(1, 2) / math.sqrt(x.shape[-1])
+        weights = logits.masked_fill(pad.unsqueeze(1), float("-inf")).softmax(-1)  # [N, K, L]
+        return weights @ tokens.to(weights.dtype)
 
 
 class Composer(nn.Module):
@@ -94,8 +132,9 @@ class Composer(nn.Module):
         self.switch = switch
         self._backbone = [backbone]  # a list keeps the shared backbone out of this module's parameters
         self.qformer = QFormer(
-            d, backbone.config.num_attention_heads, cfg.n_queries, cfg.qformer_layers, cfg.qformer_ff_mult, embed_std
-        ).to(backbone.dtype)
+            d, backbone.config.num_attention_heads, cfg.n_queries, cfg.qformer_layers, cfg.qformer_ff_mult, embed_std,
+            cfg.latent_values,
+        ).to(backbone.dtype)  # fmt: skip
         self.anchor_qformer = copy.deepcopy(self.qformer).requires_grad_(False)
         self.anchor_cache = LatentCache()
         self.n_truncated = 0
@@ -126,9 +165,14 @@ class Composer(nn.Module):
         device = next(qformer.parameters()).device
         ids = torch.tensor([x + [pad] * (width - len(x)) for x in encoded], device=device)
         mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in encoded], device=device)
+        layer = self.cfg.encoder_layer
         with self.switch.use(adapter):
-            states = self.backbone.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-        return qformer(states, mask)
+            out = self.backbone.model(
+                input_ids=ids, attention_mask=mask, use_cache=False, output_hidden_states=layer >= 0
+            )
+        states = out.last_hidden_state if layer < 0 else out.hidden_states[layer]  # [0]: the input embeddings
+        tokens = self.backbone.get_input_embeddings()(ids).detach() if qformer.values == "tokens" else None
+        return qformer(states, mask, tokens)
 
     def forward(self, tasks: Sequence[str], retrieved: Sequence[Sequence[str]]) -> torch.Tensor:
         """Latent context c_phi for each task: [B, J*K, d], with gradient to the encoder LoRA and QFormer."""

@@ -255,6 +255,12 @@ class BaselineConfig(StrictModel):
     teacher_ema_rate: float = Field(
         0.01, gt=0, le=1, description="EMA teacher rate a: teacher = (1 - a) teacher + a student."
     )
+    shuffle_rewards: bool = Field(
+        False,
+        description="A control, not a method (ours): the rewards the objective sees are permuted across the step's "
+        "batch (seeded by the step), so they carry no information about the rollouts; the logged rewards and curves "
+        "stay the true ones. `lopd study --controls` adds GRPO with it: a gain counts only against this arm.",
+    )
 
 
 class ScheduleConfig(StrictModel):
@@ -279,6 +285,40 @@ class ColdStartConfig(StrictModel):
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
     grad_clip_lora: float = Field(3.0, gt=0, description="Gradient-norm clip of the encoder LoRA (app. A.2: 3.0).")
     grad_clip_qformer: float = Field(30.0, gt=0, description="Gradient-norm clip of the QFormer (reference config).")
+    relabel_codes: Literal["none", "alternatives", "pool"] = Field(
+        "none",
+        description="Ours, for suites with house rules (DESIGN.md §11): at every step each record's code, in its "
+        "calls and in its retrieved experiences alike, is rewritten to one drawn at random from its environment's "
+        "alternatives or from every code (pool), so only the latents predict it and the cold start cannot learn "
+        "'environment -> code' from the prompt; none = the records as collected.",
+    )
+    token_selection: Literal["all", "surprising", "rule"] = Field(
+        "all",
+        description="Which action tokens the cold start's NLL trains on: all (the paper's); surprising (ours): those "
+        "the plain backbone, reading no context, predicts with an NLL above surprisal_threshold: what a context could "
+        "explain, found without knowing the suite; rule (ours): the tokens that realise a rule of the suite "
+        "(toolworld-rules' codes). DESIGN.md §11: with every token, the 1M testbed's composer never learns to read.",
+    )
+    surprisal_threshold: float = Field(
+        0.3, ge=0, description="token_selection=surprising: the context-free NLL (nats) above which a token counts."
+    )
+    unselected_weight: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Ours: the weight of the tokens that token_selection leaves out in the cold start's NLL (0: left "
+        "out; 1: every token, as with all). Left out, the teacher's reader drifts on them: the reading teacher of the "
+        "study of 2026-12-07 was worse than its student on every non-code token (privilege_other -0.31); a small "
+        "weight holds the reader to the data there while the selected tokens still dominate.",
+    )
+    probe_tasks: int = Field(
+        48,
+        ge=0,
+        description="Ours, for suites with house rules: validation tasks (training tasks without a validation "
+        "slice; never held-out ones) the latent-dependence probe scores after the cold start (lopd_core."
+        "latent_probe; 0 = no probe).",
+    )
+    probe_every: int = Field(0, ge=0, description="Also probe every this many steps: the probe's curve (0: the end).")
 
 
 class SFTConfig(StrictModel):
@@ -369,6 +409,20 @@ class LOPDConfig(StrictModel):
     qformer_layers: int = Field(8, ge=1, description="QFormer depth: one block, weights shared across depth.")
     qformer_ff_mult: int = Field(4, ge=1, description="QFormer feed-forward width multiplier.")
     encoder_max_tokens: int = Field(1024, ge=16, description="Ours: longer framed experiences are cut (and counted).")
+    latent_values: Literal["states", "tokens"] = Field(
+        "states",
+        description="What a latent is: states = the QFormer's output projection of its queries (the paper); tokens = "
+        "a learned pointer's mixture of the experience's own input token embeddings, the space the teacher reads "
+        "(ours: the 1M testbed's composer only learns to carry a code this way, DESIGN.md §11).",
+    )
+    encoder_layer: int = Field(
+        -1,
+        ge=-1,
+        description="Which of the encoder's hidden states the QFormer reads: -1 = the last layer's, after the final "
+        "norm (the paper's and the reference code's); k = 0, 1, ... = the output of decoder layer k (0: the input "
+        "embeddings), which keeps more of each token's identity than the last layer, whose states are the next "
+        "token's prediction (ours, DESIGN.md §11).",
+    )
     encoder_lora: LoraSpec = Field(LoraSpec(), description="LoRA of the experience encoder (the composer's).")
     # ---- student
     student_mode: Literal["lora", "full"] = Field(

@@ -80,8 +80,8 @@ METHOD_RULES: dict[str, MethodRules] = {  # every method, once (its name is conf
 # logs only the params that apply to a run's method (a GRPO run shows no margin target).
 _COMPOSER = frozenset({  # the composer and its retrieval: methods whose teacher reads the bank
     "n_retrieved", "retrieval_scope", "min_bank_size", "n_queries", "qformer_layers", "qformer_ff_mult",
-    "encoder_max_tokens", "encoder_lora", "freeze_composer", "teacher_reader", "composer_lr", "composer_clip",
-    "grad_clip_composer", "grad_clip_lora", "grad_clip_qformer",
+    "encoder_max_tokens", "encoder_layer", "latent_values", "encoder_lora", "freeze_composer", "teacher_reader",
+    "composer_lr", "composer_clip", "grad_clip_composer", "grad_clip_lora", "grad_clip_qformer",
 })  # fmt: skip
 _CONSTRAINT = frozenset({"margin_target", "anchor_weight", "anchor_reduction", "dual_lr", "beta_init"})  # LOPD's
 _DISTILL = frozenset({  # the teacher's top-M distillation and its diagnostic margin: every method with a teacher
@@ -92,6 +92,14 @@ _POLICY_GRADIENT = frozenset({"baseline.clip_eps", "baseline.kl_coef", "baseline
                               "baseline.policy_temperature"})  # fmt: skip
 _GUIDANCE = frozenset({"opd.guidance_coef", "opd.guidance_bound"})  # the hybrids' guidance on failed rollouts
 _TEXT_TEACHER = frozenset({"baseline.teacher_sync", "baseline.teacher_ema_rate"})  # a text teacher's weights
+
+
+def composer_fields() -> frozenset[str]:
+    """LOPDConfig's fields that decide the composer and the cold start (what two LOPD arms must share to share one
+    cold-started composer)."""
+    training = {"composer_lr", "composer_clip", "grad_clip_composer", "grad_clip_lora", "grad_clip_qformer",
+                "freeze_composer", "min_bank_size"}  # fmt: skip
+    return _COMPOSER - training
 
 
 def applies(method: str, field: str) -> bool:

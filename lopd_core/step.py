@@ -117,6 +117,13 @@ class _StepModule(nn.Module):
         return self.losses(*args)
 
 
+def shuffled(rewards: torch.Tensor, seed: int, step: int) -> torch.Tensor:
+    """`rewards` permuted across the batch by a generator seeded with (seed, step): the same permutation for every
+    forward of one step (ppo_epochs), another at the next step (`baseline.shuffle_rewards`)."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return rewards[torch.randperm(rewards.numel(), generator=generator).to(rewards.device)]
+
+
 class TrainStep:
     def __init__(
         self,
@@ -321,6 +328,8 @@ class TrainStep:
                                       self.objective.temperature)  # fmt: skip
             head = HeadOutputs(student_logp=logp)
         old_logp = head.student_logp.detach() if old_logp is None else old_logp
+        if self.cfg.baseline.shuffle_rewards:  # the control arm: the objective sees the rewards permuted
+            rewards = shuffled(rewards, self.cfg.seed, self.step_index)
         batch = DistillBatch(rows, len(trajs), rewards, groups, teacher_inputs, old_logp, **totals)
         with section("step/loss_head"):
             loss, stats = self.objective.loss(head, batch)

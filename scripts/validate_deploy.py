@@ -301,15 +301,17 @@ class _NoClient:
     """Stands in for the Prefect client: the template has no block or variable references to resolve."""
 
 
-def render_job_manifest(template: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    """The Job the kubernetes worker would submit for a flow run with these job variables."""
+def render_job_manifest(template: dict[str, Any], values: dict[str, Any], flow_run: Any = None) -> dict[str, Any]:
+    """The Job the kubernetes worker would submit for a flow run (a made-up one by default) with these job
+    variables."""
     from prefect.client.schemas.objects import FlowRun
     from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
 
     configuration = asyncio.run(
         KubernetesWorkerJobConfiguration.from_template_and_values(template, values, client=_NoClient())
     )
-    configuration.prepare_for_flow_run(FlowRun(id=uuid.uuid4(), name="lopd-render-check", flow_id=uuid.uuid4()))
+    run = flow_run or FlowRun(id=uuid.uuid4(), name="lopd-render-check", flow_id=uuid.uuid4())
+    configuration.prepare_for_flow_run(run)
     return configuration.job_manifest
 
 
@@ -323,7 +325,7 @@ def rendered_job_problems(job: dict[str, Any], values: dict[str, Any]) -> list[s
         "nvidia.com/gpu limit": (container["resources"]["limits"].get("nvidia.com/gpu"), values["gpu_count"]),
         "nodeSelector": (pod.get("nodeSelector"), values["node_selector"]),
         "tolerations": (pod.get("tolerations"), values["tolerations"]),
-        "args": (container.get("args"), ["prefect", "flow-run", "execute"]),
+        "args": (container.get("args"), ["prefect.engine"]),  # the engine itself: the pod's SIGTERM reaches the flow
     }
     for what, (got, want) in expected.items():
         if got != want:

@@ -145,7 +145,12 @@ class Experience:
             trace=traj.trace or compact_trace(traj.messages),
             reward=traj.reward,
             source_run=source_run or str(traj.metadata.get("run_id", "")),
-            metadata={"n_turns": traj.n_turns, "n_calls": traj.n_calls, "finish_reason": traj.finish_reason},
+            metadata={
+                "n_turns": traj.n_turns,
+                "n_calls": traj.n_calls,
+                "finish_reason": traj.finish_reason,
+                **({"suite": traj.metadata["suite"]} if traj.metadata.get("suite") else {}),
+            },
         )
 
 

@@ -42,7 +42,8 @@ logger = logging.getLogger(__name__)
 
 class TrackedRun:
     """One MLflow run (a pipeline or a stage): params, tags, metrics, artifacts, curves. A context manager:
-    leaving it flushes the metrics and ends the run (FAILED on an exception, KILLED on KeyboardInterrupt)."""
+    leaving it flushes the metrics and ends the run
+    (FAILED on an exception, KILLED when stopped: KeyboardInterrupt or another BaseException)."""
 
     def __init__(
         self,
@@ -216,7 +217,9 @@ class TrackedRun:
         if exc_type is None:
             self.end("FINISHED")
             return
-        status = "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
+        # stopped from outside (Ctrl-C, SIGTERM as KeyboardInterrupt, Prefect's TerminationSignal, the pipeline's
+        # Stopped: every BaseException that is not an Exception) -> KILLED; an error -> FAILED
+        status = "FAILED" if issubclass(exc_type, Exception) else "KILLED"
         try:
             self.end(status)
         except Exception as end_exc:  # do not hide the stage's own error

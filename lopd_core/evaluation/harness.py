@@ -73,8 +73,21 @@ def record(benchmark: str, trajectory: Trajectory, task: Task, sample: int = 0) 
         finish_reason=trajectory.finish_reason,
         failed=failed,
         error=trajectory.error,
+        **_rule_fields(trajectory),
         extra={"detail": _failure_detail(trajectory)} if not failed and reward < 1.0 else {},
     )
+
+
+def _rule_fields(trajectory: Trajectory) -> dict[str, Any]:
+    """The house rule's check of an episode (lopd_core.envs.toolworld.rules), as the record's rule fields."""
+    check = next((c for c in trajectory.checks if c.get("rule")), None)
+    if check is None or trajectory.failed:
+        return {}
+    return {
+        "rule_calls": int(check.get("calls", 0)),
+        "rule_passed": bool(check.get("passed")),
+        "reward_without_rule": check.get("reward_without_rule"),
+    }
 
 
 def _failure_detail(trajectory: Trajectory, limit: int = 300) -> str:

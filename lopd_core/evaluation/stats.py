@@ -147,6 +147,11 @@ class EpisodeRecord:
     finish_reason: str = ""
     failed: bool = False  # the rollout errored (counted as reward 0)
     error: str | None = None
+    # under a house rule (toolworld-rules): its state-changing calls, whether all carried the right code, and the
+    # reward the episode's other checks gave (what it scores with the rule set aside); None without a house rule
+    rule_calls: int | None = None
+    rule_passed: bool | None = None
+    reward_without_rule: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -177,12 +182,16 @@ def score_block(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
     """Mean reward (t interval) and success rate (Wilson) in percent, plus the behaviour statistics."""
     rewards = [0.0 if r.failed else float(r.reward) for r in records]
     successes = sum(1 for r in records if r.success and not r.failed)
-    return {
+    out = {
         "n": len(records),
         "mean_reward": mean_interval(rewards).to_dict(),
         "success_rate": wilson(successes, len(records)).to_dict(),
         **behaviour(records),
     }
+    ruled = [r for r in records if r.rule_calls]  # episodes that made at least one state-changing call
+    if ruled:  # the house rule measured directly: the right code on every such call (Wilson)
+        out["rule_pass_rate"] = wilson(sum(1 for r in ruled if r.rule_passed), len(ruled)).to_dict()
+    return out
 
 
 def pass_block(records: Sequence[EpisodeRecord], ks: Iterable[int] = (1,)) -> dict[str, Any]:

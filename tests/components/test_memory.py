@@ -522,3 +522,23 @@ def test_server_variants_are_declared():
     """The server parametrisation exists even where it is skipped (no server on these machines)."""
     assert "server" in [b if isinstance(b, str) else b.values[0] for b in BACKENDS]
     assert json.loads(json.dumps(SearchSettings().to_dict()))["exact_below"] == 20_000
+
+
+def test_one_bank_holds_one_suite(banks):
+    """The bank stage's guard (components.bank.check_suite): a bank holding another suite's experiences (another
+    rule draw of toolworld-rules: the same tasks with other codes) is refused with a message naming both; the
+    suite an entry came from travels from its trajectory's metadata (Experience.from_trajectory)."""
+    from components.bank import check_suite
+    from lopd_core.conversation import Message, Trajectory
+
+    traj = Trajectory(task_id="t1", env_id="env", task="Do it", reward=1.0, trace="do() -> ok",
+                      messages=[Message("user", "Do it"), Message("assistant", "do()")],
+                      metadata={"suite": "toolworld-rules-s1-digits"})  # fmt: skip
+    entry = Experience.from_trajectory(traj)
+    assert entry.metadata["suite"] == "toolworld-rules-s1-digits"
+    bank = banks.open()
+    check_suite(bank, "toolworld-rules-s2-digits", "loc", "bank")  # an empty bank takes any suite
+    bank.add([entry])
+    check_suite(bank, "toolworld-rules-s1-digits", "loc", "bank")
+    with pytest.raises(ValueError, match=r"holds experiences of toolworld-rules-s1-digits.*toolworld-rules-s2-digits"):
+        check_suite(bank, "toolworld-rules-s2-digits", "loc", "bank")

@@ -237,3 +237,34 @@ def test_full_fine_tuning_ema_teacher_follows_the_student_and_survives_a_checkpo
     assert again.ema_teacher
     for (n, teacher, _), (m, restored, _) in zip(pairs, again.teacher_student_pairs(), strict=True):
         assert n == m and torch.equal(teacher.detach(), restored.detach())
+
+
+def test_shuffled_rewards_permute_what_grpo_sees_and_nothing_else(tiny):
+    """The control arm (`baseline.shuffle_rewards`): the objective gets the step's rewards permuted by the seeded
+    generator, and its update equals that of a plain GRPO step on the same trajectories carrying those permuted
+    rewards (on a fresh copy of the same weights); the logged reward stays the true one."""
+    from dataclasses import replace
+
+    from lopd_core.backbone import load_backbone
+    from lopd_core.step import shuffled
+
+    perm = shuffled(torch.arange(6.0), seed=CFG.seed, step=0).long().tolist()
+    assert sorted(perm) == list(range(6)) and perm != list(range(6))
+    assert shuffled(torch.arange(6.0), CFG.seed, 0).long().tolist() == perm  # seeded: the same again
+    rewards = (1.0, 0.0, 1.0, 0.0, 0.0, 1.0)
+    batch = make_batch(rewards[:3]) + make_batch(rewards[3:])
+    torch.manual_seed(0)  # the LoRA's A matrices draw from the global generator
+    control = make(tiny, "grpo", baseline=CFG.baseline.model_copy(update={"shuffle_rewards": True}))
+    order, seen = [], []
+    collate, loss = control._collate, control.objective.loss
+    control._collate = lambda views: (order.extend(v[0] for v in views), collate(views))[1]
+    control.objective.loss = lambda head, b: (seen.extend(b.rewards.tolist()), loss(head, b))[1]
+    out = control(batch)
+    true = [t.reward for t in order]
+    assert seen == [true[i] for i in perm] != true and out["reward_mean"] == pytest.approx(sum(rewards) / 6)
+    given = {id(t): r for t, r in zip(order, seen, strict=True)}
+    torch.manual_seed(0)
+    by_hand = make(load_backbone("tiny"), "grpo")  # a fresh backbone: the same initial weights
+    by_hand([replace(t, reward=given[id(t)]) for t in batch])
+    for a, b in zip(control.models.student_parameters(), by_hand.models.student_parameters(), strict=True):
+        assert a is not b and torch.allclose(a, b, atol=1e-6)

@@ -214,3 +214,28 @@ def test_qformer_handles_encoder_sequences_shorter_and_longer_than_k(length):
     assert out.shape == (2, k, d) and torch.isfinite(out).all()
     alone = qformer(states[:1, :length], torch.ones(1, length, dtype=torch.long))
     torch.testing.assert_close(out[:1], alone, rtol=1e-10, atol=1e-10)
+
+
+def test_token_latents_are_mixtures_of_the_experiences_own_token_embeddings():
+    """lopd.latent_values: tokens: each latent is a convex mixture of the unmasked token embeddings (one-hot rows
+    here, so its coordinates are the pointer's weights: >= 0, summing to 1, none on padding); a single real token
+    gives exactly its embedding; padding acts like absent tokens."""
+    from lopd_core.composer import QFormer
+
+    torch.manual_seed(0)
+    d, k, length = 16, 4, 6
+    qformer = QFormer(d, n_heads=2, n_queries=k, n_layers=2, values="tokens").double()
+    states = torch.randn(2, length, d, dtype=torch.float64)
+    tokens = torch.eye(d, dtype=torch.float64)[:length].expand(2, -1, -1)  # token i's embedding: the i-th unit vector
+    mask = torch.ones(2, length, dtype=torch.long)
+    mask[0, 4:] = 0
+    out = qformer(states, mask, tokens)
+    assert out.shape == (2, k, d)
+    assert (out >= 0).all() and torch.allclose(out.sum(-1), torch.ones(2, k, dtype=torch.float64))
+    assert (out[0, :, 4:] == 0).all()  # no weight on padding
+    alone = qformer(states[:1, :4], torch.ones(1, 4, dtype=torch.long), tokens[:1, :4])
+    torch.testing.assert_close(out[:1, :, :4], alone[:, :, :4], rtol=1e-10, atol=1e-10)
+    one = qformer(states[:1, :1], torch.ones(1, 1, dtype=torch.long), tokens[:1, :1])
+    torch.testing.assert_close(one, tokens[:1, :1].expand(1, k, d))
+    with pytest.raises(ValueError, match="token embeddings"):
+        qformer(states, mask)

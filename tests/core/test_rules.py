@@ -140,7 +140,9 @@ def test_reference_solutions_obey_the_rules_and_verify(suite):
         replays = _play(suite, tasks, lambda t: reference_actions(suite.scenario(t.task_id)))
         assert [r.reward for r in replays] == [1.0] * len(tasks), split
         for r in replays:
-            assert r.checks[-1] == {"name": f"house rule of {r.env_id}", "passed": True, "detail": "", "rule": True}
+            writes = sum(is_write_tool(c["name"]) for c in suite.scenario(r.task_id)["reference_solution"])
+            assert r.checks[-1] == {"name": f"house rule of {r.env_id}", "passed": True, "detail": "", "rule": True,
+                                    "calls": writes, "reward_without_rule": 1.0}  # fmt: skip
             code = suite.rules.rules[r.env_id].code
             assert f'"{RULE_ARGUMENT}": "{code}"' in r.trace  # a success shows the code in its trace
 
@@ -161,6 +163,27 @@ def test_a_broken_rule_fails_the_task_without_partial_credit(suite, plain):
                    else c for c in calls]  # fmt: skip
     (replay,) = _play(suite, [task], lambda t: reference_actions({"reference_solution": reads_coded}))
     assert replay.reward == 1.0
+
+
+def test_evaluation_records_measure_the_rule_directly(suite):
+    """Each record carries the house rule's check (lopd_core.evaluation.harness.record): the state-changing calls,
+    whether all carried the right code, and the reward of the task's other checks; a score block's rule pass rate
+    is the share of passing episodes among those with at least one such call (hand-checked: 1 of 2)."""
+    from lopd_core.evaluation.harness import record
+    from lopd_core.evaluation.stats import score_block
+
+    task = next(t for t in _sample(suite, "eval") if t.difficulty == 1 and any(
+        is_write_tool(c["name"]) for c in suite.scenario(t.task_id)["reference_solution"]))  # fmt: skip
+    (right,) = _play(suite, [task], lambda t: reference_actions(suite.scenario(t.task_id)))
+    (wrong,) = _play(suite, [task], lambda t: [_with_code(a, _other(suite, t.env_id)) for a in
+                                               reference_actions(suite.scenario(t.task_id))])  # fmt: skip
+    records = [record("rules", right, task), record("rules", wrong, task)]
+    assert [(r.rule_calls, r.rule_passed, r.reward_without_rule, r.reward) for r in records] == [
+        (1, True, 1.0, 1.0), (1, False, 1.0, 0.0)]  # fmt: skip
+    block = score_block(records)
+    assert block["rule_pass_rate"]["value"] == 50.0 and block["rule_pass_rate"]["n"] == 2
+    plain = record("plain", _play(suite, [task], lambda t: ["Done."])[0], task)  # no call: not in the rate
+    assert plain.rule_calls == 0 and score_block([plain]).get("rule_pass_rate") is None
 
 
 def test_write_tools_are_the_state_changing_ones():
@@ -303,7 +326,7 @@ def test_suite_names():
     assert is_toolworld("toolworld-rules-s2") and is_toolworld("toolworld") and not is_toolworld("bfcl")
     ruled = open_toolworld("toolworld-rules-s1")
     assert ruled.name == "toolworld-rules-s1" and ruled.tasks("eval")[0].suite == "toolworld-rules-s1"
-    assert len(ruled.tasks("eval")) == 200 and ruled.rules == HouseRules.draw(1)
+    assert len(ruled.tasks("eval")) == 680 and ruled.rules == HouseRules.draw(1)
 
 
 def test_spans_find_the_code_values():

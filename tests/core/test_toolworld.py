@@ -54,7 +54,9 @@ def test_eight_environments_of_different_kinds():
 
 def test_splits_difficulty_levels_and_sizes(suite, scenarios):
     train, evaluation = suite.tasks("train"), suite.tasks("eval")
-    assert len(evaluation) == 200 and len(train) >= 700
+    assert len(evaluation) == 680 and len(train) >= 700  # 200 + 480 more held-out tasks at levels 1-2 (issue 41)
+    low = Counter(t.env_id for t in evaluation if t.difficulty <= 2)
+    assert set(low.values()) == {69}  # per environment: 5 + 30 at level 1, 4 + 30 at level 2
     for split, tasks in (("train", train), ("eval", evaluation)):
         levels = Counter(min(t.difficulty, 6) for t in tasks)
         assert sorted(levels) == [1, 2, 3, 4, 5, 6], split

@@ -191,3 +191,91 @@ def test_presets_are_the_config_files_and_overrides_apply_on_top():
         with_overrides(tiny, ["train.schedule.stepz=3"])
     assert with_overrides(tiny, ["train.schedule.steps=7"]).train.schedule.steps == 7
     assert with_overrides(tiny, []) is tiny
+
+
+def test_arms_share_a_cold_start_unless_their_composer_or_cold_start_differs():
+    """fig. 3's arms (another margin, a frozen composer) read LOPD's cold-started composer; an arm whose composer
+    settings or cold_start.* differ gets a cold start of its own (a memorising reader, another latent space)."""
+    from flows.config import Variant, load_config
+    from flows.specs import cold_start_spec
+    from flows.stages import stage_key
+    from lopd_core.artifacts import ArtifactRef
+
+    variants = {
+        "lopd m=0": Variant(method="lopd", overrides={"lopd.margin_target": 0.0, "lopd.freeze_composer": True}),
+        "lopd memorising": Variant(
+            method="lopd", overrides={"lopd.latent_values": "states", "cold_start.relabel_codes": "none"}
+        ),
+    }
+    cfg = load_config("configs/study-rules.yaml", ["lopd.latent_values=tokens", "cold_start.relabel_codes=pool"])
+    cfg = cfg.model_copy(update={"variants": variants})
+    ref = ArtifactRef(uri="/x", kind="dataset", sha256="0" * 64)
+    common = {"run_dir": "/tmp/r", "artifact_root": "/tmp/r/a", "tracking_uri": "sqlite:///x", "parent_run_id": "p"}
+
+    def key(arm, seed=0):
+        return stage_key("cold_start", cold_start_spec(cfg, common, seed, ref, ref, None, arm))
+
+    assert key("lopd m=0") == key("lopd") != key("lopd", seed=1)
+    assert key("lopd memorising") != key("lopd")
+    lopd, cold = cfg.arm_cold_start("lopd memorising", 0)
+    assert lopd.latent_values == "states" and cold.relabel_codes == "none" and lopd.margin_target == 0.05
+    with pytest.raises(ValueError, match="keys are dotted under"):
+        cfg.model_copy(update={"variants": {"x": Variant(method="lopd", overrides={"sft.steps": 1})}}).arm_config("x")
+
+
+def test_a_benchmark_on_other_house_rules_than_the_suite_is_refused():
+    from flows.config import load_config
+
+    with pytest.raises(ValueError, match=r"evaluate.benchmarks\[0\].name='toolworld-rules-s1-digits' scores other"):
+        load_config("configs/study-rules.yaml", ["suite=toolworld-rules-s3-digits"])
+    cfg = load_config("configs/study-rules.yaml", ["suite=toolworld-rules-s3-digits", "evaluate.benchmarks=[{name: "
+                      "toolworld-rules-s3-digits, key: toolworld-rules, difficulties: [1, 2]}]"])  # fmt: skip
+    assert cfg.suite == "toolworld-rules-s3-digits"
+
+
+def test_a_draw_moves_the_suite_its_benchmarks_and_its_bank_but_not_the_warm_start():
+    from flows.config import load_config
+    from flows.specs import sft_spec
+
+    cfg = load_config("configs/study-rules.yaml", ["draws=[1, 3]"])
+    three = cfg.for_draw(3)
+    assert three.suite == "toolworld-rules-s3-digits" and three.draws is None and three.bank.name == "experience-s3"
+    assert {b.name for b in three.evaluate.benchmarks} == {"toolworld-rules-s3-digits"}
+    common = {"run_dir": "/tmp/r", "artifact_root": "/tmp/r/a", "tracking_uri": "sqlite:///x", "parent_run_id": "p"}
+    vanilla = {d: sft_spec(cfg.for_draw(d), common) for d in (1, 3)}
+    assert vanilla[1] == vanilla[3] and vanilla[1].suite == "toolworld-rules-digits"  # one warm start for every draw
+    assert sft_spec(cfg.for_draw(1), common, oracle=True) != sft_spec(cfg.for_draw(3), common, oracle=True)
+    with pytest.raises(ValueError, match="draws: rule draws need a toolworld-rules suite"):
+        load_config("configs/study-cpu.yaml", ["draws=[1]"])
+
+
+def test_the_vanilla_and_oracle_warm_starts_write_their_own_folders_at_once(tmp_path):
+    """Issue 41 (no stale state): the two warm starts of a rules study, built at the same time as the pipeline
+    builds them (its stage tasks run side by side), each write their own stage folder (<run_dir>/stages/sft/<key>),
+    so neither overwrites the other's model or demonstrations."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlflow.tracking import MlflowClient
+
+    from flows.cache import stage_key
+    from flows.config import load_config
+    from flows.specs import common_fields, sft_spec
+    from flows.stages import StageContext, execute_stage
+
+    small = ["sft.steps=2", "sft.batch_size=4", "sft.n_demonstrations=6", "sft.pool_per_level=0", "sft.warmup_steps=1"]
+    cfg = load_config("configs/study-rules.yaml", [f"run_dir={tmp_path}", "backbone=tiny", *small])
+    common = common_fields(cfg, "", {})
+    MlflowClient(common["tracking_uri"]).search_experiments()  # the store exists, as the pipeline's run makes it
+    ctx = StageContext(run_dir=str(tmp_path), cache_root=str(tmp_path / "cache"))
+    specs = {}
+    for name, spec in (("vanilla", sft_spec(cfg, common)), ("oracle", sft_spec(cfg, common, oracle=True))):
+        key = stage_key("sft", spec)
+        specs[name] = (spec.model_copy(update={"run_dir": ctx.stage_dir("sft", key)}), key)
+    assert specs["vanilla"][1] != specs["oracle"][1]
+    with ThreadPoolExecutor(2) as pool:
+        runs = {n: pool.submit(execute_stage, "sft", s, ctx.cache_root, k) for n, (s, k) in specs.items()}
+        results = {n: f.result() for n, f in runs.items()}
+    models = {n: Path(r.artifacts["model"].uri) for n, r in results.items()}
+    assert models["vanilla"] != models["oracle"] and all((m / "config.json").is_file() for m in models.values())
+    demos = {n: (Path(s.run_dir) / "sft" / "demonstrations.jsonl").read_text() for n, (s, _) in specs.items()}
+    assert demos["vanilla"] != demos["oracle"]  # uniform codes vs the right ones: each kept its own

@@ -292,9 +292,11 @@ def test_pipeline_form_is_compact():
         assert "$ref" not in prop and "properties" not in prop and "items" not in prop, folded
         assert prop["default"] and "edit as JSON" in prop["description"], folded
     # 172 form fields before folding (100 with sft.* under its null switch; 101 with lopd.length_grouping, a
-    # knob of the step's speed beside lopd.head_chunk_size), behind the config's tab: preset and overrides first
+    # knob of the step's speed beside lopd.head_chunk_size; 102 with lopd.encoder_layer, which hidden states the
+    # composer reads; 103 with lopd.latent_values; 104 with draws, the rule draws a study runs on), behind the
+    # config's tab: preset and overrides first
     assert [p for p in paths if not p.startswith("config")] == ["preset", "overrides"]
-    assert len([p for p in paths if p.startswith("config")]) <= 101, sorted(paths)
+    assert len([p for p in paths if p.startswith("config")]) <= 104, sorted(paths)
     # no "Property is type None" tab: a scalar that defaults to null is shown as its type (left empty: null)
     scalars = ("string", "integer", "number", "boolean")
     noise = [

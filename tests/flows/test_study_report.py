@@ -67,3 +67,44 @@ def test_variants_are_paired_with_their_method_and_with_lopd_hand_checked():
     assert data["opsd fwd"]["lopd"]["value"] == pytest.approx(25.0)
     assert "| opsd fwd | opsd | 25.0 [" in text and text.rstrip().endswith("| - |")  # no grpo arm here
     assert variants_section({"opsd": ("opsd", opsd)}, ("lopd",)) == ("", {})
+
+
+def test_the_latent_probe_table_averages_each_arms_seeds_cold_and_trained(tmp_path):
+    """probe_section reads each train run's `cold_probe_*` and `probe_*` (what components.train logs) from a real
+    MLflow store and averages them over seeds; an arm without a latent teacher has no row."""
+    from components.tracking import Tracker, train_metric
+    from flows.study import probe_section
+
+    tracker = Tracker.open("toolworld-rules", run_dir=tmp_path, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    rows = []
+    for seed, own in ((0, 0.9), (1, 0.7)):
+        run = tracker.start_stage("train", method="lopd", seed=seed)
+        figures = {"probe_own": own, "probe_other": 0.5, "probe_none": 0.4, "probe_rewritten": 0.8,
+                   "probe_change_other": 0.1, "probe_drift": -0.05 * (seed + 1), "cold_probe_own": 0.6,
+                   "cold_probe_other": 0.5}  # fmt: skip
+        for key, value in figures.items():
+            tracker.client.log_metric(run.run_id, train_metric(key), value, step=0)
+        run.end()
+        rows.append({"arm": "lopd", "train_run_id": run.run_id})
+    grpo = tracker.start_stage("train", method="grpo", seed=0)
+    grpo.end()
+    rows.append({"arm": "grpo", "train_run_id": grpo.run_id})
+    text, table = probe_section(tracker, rows, ["lopd", "grpo"])
+    assert set(table) == {"lopd"} and table["lopd"]["seeds"] == 2
+    assert table["lopd"]["probe_own"] == pytest.approx(0.8) and table["lopd"]["cold_probe_own"] == pytest.approx(0.6)
+    assert "| lopd | 2 | 0.60 | 0.50 | - | - | - | - | 0.80 | 0.50 | 0.40 | 0.80 | 0.10 | -0.075 |" in text
+    assert "trained drift" in text
+
+
+def test_seed_means_keep_a_variant_apart_from_its_method():
+    """The report's 'Mean over seeds' groups by arm: `grpo shuffled` (method grpo) is not pooled with `grpo`."""
+    from flows.report import seed_means
+
+    def row(arm: str, method: str, seed: int, value: float) -> dict:
+        return {"arm": arm, "method": method, "seed": seed, "benchmarks": {"b": {"value": value}}}
+
+    rows = [row("grpo", "grpo", 0, 40.0), row("grpo", "grpo", 1, 50.0), row("grpo shuffled", "grpo", 0, 30.0)]
+    means = {m["method"]: m for m in seed_means(rows)}
+    assert means["grpo"]["seeds"] == [0, 1] and means["grpo"]["mean"]["b"] == 45.0
+    assert means["grpo"]["std"]["b"] == pytest.approx(7.0710678)  # sample std of 40, 50
+    assert means["grpo shuffled"]["seeds"] == [0] and means["grpo shuffled"]["mean"]["b"] == 30.0

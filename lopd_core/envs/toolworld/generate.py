@@ -30,6 +30,10 @@ from lopd_core.envs.toolworld.scenarios import ENVIRONMENTS, EnvSpec, Goal, Worl
 SEED = "toolworld-v1"
 LEVELS = (1, 2, 3, 4, 5, 6)  # number of reference calls; level 6 holds 6 to 8 calls
 EVAL_PER_LEVEL = {1: 5, 2: 4, 3: 4, 4: 4, 5: 4, 6: 4}  # per environment: 25 x 8 = 200 evaluation tasks
+# More held-out tasks at levels 1-2 (the CPU study's levels), generated after the training split from a seed of
+# their own, so the training split is unchanged: 72 -> 552 held-out tasks at levels 1-2 (69 per environment), enough
+# for a paired comparison of two methods to detect a few points (issue 41). Ids continue each level's numbering.
+EVAL_EXTRA_PER_LEVEL = {1: 30, 2: 30}
 TRAIN_PER_LEVEL = {1: 24, 2: 20, 3: 16, 4: 14, 5: 12, 6: 12}  # per environment: 98 x 8 = 784 training tasks
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "toolworld"
 ENV_FILE = "toolworld_env_metadata.json"
@@ -188,27 +192,36 @@ def generate(seed: str = SEED) -> tuple[dict[str, dict[str, Any]], dict[str, lis
     seen_instances: set[str] = set()
     seen_tasks: set[tuple[str, str]] = set()
     splits: dict[str, list[dict[str, Any]]] = {"eval": [], "train": []}
+
+    def draw(spec: EnvSpec, level: int, n: int, stream: str, split: str, first: int) -> list[dict[str, Any]]:
+        """n scenarios of `spec` at `level` from the seed stream `stream`, numbered from `first`, none repeating an
+        instance or a task text seen so far (in any split, or among the prompt examples)."""
+        out: list[dict[str, Any]] = []
+        index = 0
+        while len(out) < n:
+            index += 1
+            if index > n * 20:
+                raise RuntimeError(f"cannot generate enough {split} scenarios for {spec.env_id} level {level}")
+            composed = compose(spec, level, random.Random(f"{stream}|{spec.env_id}|{level}|{index}"))
+            if composed is None:
+                continue
+            task_id = f"tw-{split}-{SHORT[spec.env_id]}-d{level}-{first + len(out):03d}"
+            item = scenario_item(spec, task_id, *composed)
+            key = (item["env_id"], item["task"])
+            if fingerprint(item) in seen_instances or key in seen_tasks or key in example_tasks:
+                continue
+            seen_instances.add(fingerprint(item))
+            seen_tasks.add(key)
+            out.append(item)
+        return out
+
     for split, per_level in (("eval", EVAL_PER_LEVEL), ("train", TRAIN_PER_LEVEL)):
         for spec in ENVIRONMENTS:
             for level in LEVELS:
-                made, index = 0, 0
-                while made < per_level[level]:
-                    index += 1
-                    if index > per_level[level] * 20:
-                        raise RuntimeError(f"cannot generate enough {split} scenarios for {spec.env_id} level {level}")
-                    rng = random.Random(f"{seed}|{split}|{spec.env_id}|{level}|{index}")
-                    composed = compose(spec, level, rng)
-                    if composed is None:
-                        continue
-                    task_id = f"tw-{split}-{SHORT[spec.env_id]}-d{level}-{made + 1:03d}"
-                    item = scenario_item(spec, task_id, *composed)
-                    key = (item["env_id"], item["task"])
-                    if fingerprint(item) in seen_instances or key in seen_tasks or key in example_tasks:
-                        continue
-                    seen_instances.add(fingerprint(item))
-                    seen_tasks.add(key)
-                    splits[split].append(item)
-                    made += 1
+                splits[split] += draw(spec, level, per_level[level], f"{seed}|{split}", split, 1)
+    for spec in ENVIRONMENTS:  # the extra held-out tasks: disjoint from both splits by instance and task text
+        for level, n in EVAL_EXTRA_PER_LEVEL.items():
+            splits["eval"] += draw(spec, level, n, f"{seed}|eval-extra", "eval", EVAL_PER_LEVEL[level] + 1)
     return env_items, {"train": splits["train"], "eval": splits["eval"]}
 
 

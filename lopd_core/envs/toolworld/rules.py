@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -116,7 +116,8 @@ class HouseRule:
         """The verifier's check over the codes the episode's state-changing calls carried (`_MISSING` if none)."""
         wrong = sum(1 for c in codes if c is _MISSING or c != self.code)
         detail = "" if not wrong else f"{wrong} of {len(codes)} state-changing calls broke the house rule"
-        return {"name": f"house rule of {self.env_id}", "passed": wrong == 0, "detail": detail, "rule": True}
+        return {"name": f"house rule of {self.env_id}", "passed": wrong == 0, "detail": detail, "rule": True,
+                "calls": len(codes)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,26 @@ class HouseRules:
         metadata = {**trajectory.metadata, "house_code": code, "house_code_correct": code == rule.code}
         return replace(trajectory, messages=messages, trace=trajectory.trace.replace(old, new), metadata=metadata)
 
+    def recode_text(self, text: str, code: str) -> str:
+        """A text (an experience document, a trace) with the value of every `"code"` argument replaced by `code`."""
+        return _CODE_ARGUMENT.sub(lambda m: _realised(code), text)
+
+    def relabeller(
+        self, scope: str
+    ) -> Callable[[Trajectory, Sequence[str], random.Random], tuple[Trajectory, list[str]]]:
+        """The cold start's relabelling (`cold_start.relabel_codes`, DESIGN.md §11): a record and its retrieved
+        documents with one code drawn at random (from the record's environment's alternatives, or from the whole
+        `pool`), the same in the record's calls, its trace and every document, so that only the latents predict it."""
+        if scope not in ("alternatives", "pool"):
+            raise ValueError(f"relabel scope must be 'alternatives' or 'pool', got {scope!r}")
+
+        def relabel(record: Trajectory, documents: Sequence[str], rng: random.Random) -> tuple[Trajectory, list[str]]:
+            choices = self.rules[record.env_id].alternatives if scope == "alternatives" else self.pool
+            code = rng.choice(choices)
+            return self.recode(record, code), [self.recode_text(d, code) for d in documents]
+
+        return relabel
+
     @property
     def pool(self) -> tuple[str, ...]:
         """Every code of every environment (all `MAX_K` alternatives): `sft.privileged_codes: pool` draws from it."""
@@ -184,7 +205,9 @@ class HouseRules:
         return [(m.start(1), m.end(1)) for m in _CODE_VALUE.finditer(text)]
 
 
+Relabel = Callable[[Trajectory, Sequence[str], random.Random], tuple[Trajectory, list[str]]]
 _CODE_VALUE = re.compile(rf'"{RULE_ARGUMENT}"\s*:\s*"(?:{re.escape(CODE_PREFIX)})?([^"]*)"')
+_CODE_ARGUMENT = re.compile(rf'"{RULE_ARGUMENT}"\s*:\s*"[^"]*"')
 
 
 def _realised(code: str) -> str:
@@ -229,7 +252,7 @@ class RuledEpisode(EnvScalerEpisode):
     def result(self) -> EpisodeResult:
         if self._ruled is None:
             base = super().result()
-            check = self.rule.check(self._codes)
+            check = {**self.rule.check(self._codes), "reward_without_rule": base.reward}
             reward = base.reward if check["passed"] else 0.0
             self._ruled = replace(base, reward=reward, checks=[*base.checks, check])
         return self._ruled
