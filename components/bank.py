@@ -60,8 +60,14 @@ def bank(spec: BankSpec) -> StageResult:
 
 def check_suite(bank: Any, suite: str, location: str, name: str) -> None:
     """One suite per bank: entries of another suite (another rule draw or code style of toolworld-rules, another
-    benchmark) would reach the cold start and the teacher's retrieval with their stale codes."""
-    others = sorted({e.metadata.get("suite") for e in bank.experiences()} - {suite, None})
+    benchmark) would reach the cold start and the teacher's retrieval with their stale codes. The eras of one suite
+    (`<suite>-era<n>`) share a bank: a later era's successes supersede an earlier one's in retrieval, environment by
+    environment (docs/memory.md, "Eras")."""
+    from lopd_core.envs.base import suite_era
+
+    family = suite_era(suite)[0]
+    stored = {e.metadata.get("suite") for e in bank.experiences()} - {None}
+    others = sorted(s for s in stored if suite_era(s)[0] != family)
     if others:
         raise ValueError(
             f"bank {name!r} in {location} holds experiences of {', '.join(others)}, and this run's suite is "

@@ -10,8 +10,9 @@ Three engines share one small interface (`Backend`):
 - `ClientBackend` on a Qdrant server (an http(s) URL): payload indexes, HNSW, the snapshot API.
 
 Vectors are L2-normalised by the embedder and compared by inner product (Distance.DOT), as in the paper.
-The only filter the bank needs is "task_id is not X" (the self-retrieval guard); it always runs inside
-the engine, so a query still returns k results when the excluded task has many entries.
+The bank's filters: "task_id is not X" (the self-retrieval guard), "env_id is X" (LOPD's environment scope) and
+"not a superseded era" (an environment's entries older than its latest era, docs/memory.md "Eras"). They always run
+inside the engine, so a query still returns k results when the filters exclude many entries.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from qdrant_client import QdrantClient, models
 
 # Payload fields with an index (server and Qdrant Edge): the ones used in filters, facets and audits.
 KEYWORD_FIELDS = ("task_id", "env_id", "split", "source_run")
-INTEGER_FIELDS = ("bank_version",)
+INTEGER_FIELDS = ("bank_version", "era")
 FLOAT_FIELDS = ("reward",)
 SCROLL_BATCH = 512
 
@@ -104,8 +105,16 @@ class Backend(Protocol):
     def optimize(self) -> None: ...  # after a batch of inserts: build or merge indexes where the engine asks
 
     def search(
-        self, vector: np.ndarray, k: int, exclude_task_id: str | None, exact: bool, env_id: str | None = None
-    ) -> list[Hit]: ...  # env_id: only entries of that environment
+        self,
+        vector: np.ndarray,
+        k: int,
+        exclude_task_id: str | None,
+        exact: bool,
+        env_id: str | None = None,
+        latest_eras: dict[str, int] | None = None,
+    ) -> list[Hit]: ...  # env_id: only entries of that environment; latest_eras: env -> the only era searched there
+
+    def era_counts(self) -> dict[str, dict[int, int]]: ...  # env -> era -> entries (entries without an era: era 0)
 
     def count(self) -> int: ...
 
@@ -124,6 +133,12 @@ def _vector_list(vector: Any) -> list[float]:
     if isinstance(vector, dict):  # named vectors: ours is the default (unnamed) one
         vector = vector.get("", next(iter(vector.values())))
     return [float(x) for x in vector]
+
+
+def _with_era_zero(counts: dict[int, int], total: int) -> dict[int, int]:
+    """An environment's entries per era, those without an era (a bank from before eras) counted as era 0."""
+    missing = total - sum(counts.values())
+    return dict(sorted({**counts, 0: counts.get(0, 0) + missing}.items())) if missing else dict(sorted(counts.items()))
 
 
 def probe_hnsw_recall(backend: Backend, settings: SearchSettings, k: int = 3) -> float:
@@ -188,15 +203,15 @@ class EdgeBackend:
             )
             self.path.mkdir(parents=True, exist_ok=True)
             self.shard = qe.EdgeShard.create(str(self.path), config)
-            for name in KEYWORD_FIELDS:
-                self.shard.update(qe.UpdateOperation.create_field_index(name, qe.PayloadSchemaType.Keyword))
-            for name in INTEGER_FIELDS:
-                self.shard.update(qe.UpdateOperation.create_field_index(name, qe.PayloadSchemaType.Integer))
-            for name in FLOAT_FIELDS:
-                self.shard.update(qe.UpdateOperation.create_field_index(name, qe.PayloadSchemaType.Float))
-            self.shard.flush()
         else:
             self.shard = qe.EdgeShard.load(str(self.path))
+        # Every indexed field, on a loaded shard too: a bank from before a field was indexed (`era`) gains its index.
+        for names, schema in ((KEYWORD_FIELDS, qe.PayloadSchemaType.Keyword),
+                              (INTEGER_FIELDS, qe.PayloadSchemaType.Integer),
+                              (FLOAT_FIELDS, qe.PayloadSchemaType.Float)):  # fmt: skip
+            for name in names:
+                self.shard.update(qe.UpdateOperation.create_field_index(name, schema))
+        self.shard.flush()
 
     def existing_ids(self, ids: list[str]) -> set[str]:
         if not ids:
@@ -216,16 +231,25 @@ class EdgeBackend:
         self.shard.optimize()
 
     def search(
-        self, vector: np.ndarray, k: int, exclude_task_id: str | None, exact: bool, env_id: str | None = None
+        self,
+        vector: np.ndarray,
+        k: int,
+        exclude_task_id: str | None,
+        exact: bool,
+        env_id: str | None = None,
+        latest_eras: dict[str, int] | None = None,
     ) -> list[Hit]:
         qe = self._qe
-        flt = None
-        if exclude_task_id is not None or env_id is not None:
-            flt = qe.Filter(
-                must=[qe.FieldCondition(key="env_id", match=qe.MatchValue(env_id))] if env_id is not None else None,
-                must_not=[qe.FieldCondition(key="task_id", match=qe.MatchValue(exclude_task_id))]
-                if exclude_task_id is not None else None,
-            )  # fmt: skip
+        must = [qe.FieldCondition(key="env_id", match=qe.MatchValue(env_id))] if env_id is not None else []
+        must_not: list[Any] = []
+        if exclude_task_id is not None:
+            must_not.append(qe.FieldCondition(key="task_id", match=qe.MatchValue(exclude_task_id)))
+        for env, era in (latest_eras or {}).items():  # an entry of env from before its latest era (or without one)
+            of_env = qe.FieldCondition(key="env_id", match=qe.MatchValue(env))
+            must_not.append(
+                qe.Filter(must=[of_env], must_not=[qe.FieldCondition(key="era", range=qe.RangeFloat(gte=era))])
+            )
+        flt = qe.Filter(must=must or None, must_not=must_not or None) if must or must_not else None
         params = qe.SearchParams(exact=exact, hnsw_ef=None if exact else self.search_settings.hnsw_ef)
         request = qe.QueryRequest(
             limit=k, query=qe.Query.Nearest(vector.tolist()), filter=flt, with_payload=True, params=params
@@ -238,6 +262,15 @@ class EdgeBackend:
     def version_counts(self) -> dict[int, int]:
         response = self.shard.facet(self._qe.FacetRequest(key="bank_version", limit=1_000_000, exact=True))
         return {int(h.value): int(h.count) for h in response.hits}
+
+    def era_counts(self) -> dict[str, dict[int, int]]:
+        qe = self._qe
+        out = {}
+        for env in self.shard.facet(qe.FacetRequest(key="env_id", limit=1_000_000, exact=True)).hits:
+            of_env = qe.Filter(must=[qe.FieldCondition(key="env_id", match=qe.MatchValue(env.value))])
+            hits = self.shard.facet(qe.FacetRequest(key="era", limit=1_000_000, exact=True, filter=of_env)).hits
+            out[str(env.value)] = _with_era_zero({int(h.value): int(h.count) for h in hits}, int(env.count))
+        return out
 
     def scroll(self, with_vectors: bool = False) -> Iterator[tuple[str, dict[str, Any], np.ndarray | None]]:
         offset = None
@@ -340,16 +373,26 @@ class ClientBackend:
         """Nothing to do: a server indexes in the background, local mode has no index."""
 
     def search(
-        self, vector: np.ndarray, k: int, exclude_task_id: str | None, exact: bool, env_id: str | None = None
+        self,
+        vector: np.ndarray,
+        k: int,
+        exclude_task_id: str | None,
+        exact: bool,
+        env_id: str | None = None,
+        latest_eras: dict[str, int] | None = None,
     ) -> list[Hit]:
-        flt = None
-        if exclude_task_id is not None or env_id is not None:
-            flt = models.Filter(
-                must=[models.FieldCondition(key="env_id", match=models.MatchValue(value=env_id))]
-                if env_id is not None else None,
-                must_not=[models.FieldCondition(key="task_id", match=models.MatchValue(value=exclude_task_id))]
-                if exclude_task_id is not None else None,
-            )  # fmt: skip
+        must = (
+            [models.FieldCondition(key="env_id", match=models.MatchValue(value=env_id))] if env_id is not None else []
+        )
+        must_not: list[Any] = []
+        if exclude_task_id is not None:
+            must_not.append(models.FieldCondition(key="task_id", match=models.MatchValue(value=exclude_task_id)))
+        for env, era in (latest_eras or {}).items():  # an entry of env from before its latest era (or without one)
+            must_not.append(models.Filter(
+                must=[models.FieldCondition(key="env_id", match=models.MatchValue(value=env))],
+                must_not=[models.FieldCondition(key="era", range=models.Range(gte=era))],
+            ))  # fmt: skip
+        flt = models.Filter(must=must or None, must_not=must_not or None) if must or must_not else None
         params = None
         if self.kind == "server":  # local mode is always exact and warns about search params
             params = models.SearchParams(exact=exact, hnsw_ef=None if exact else self.search_settings.hnsw_ef)
@@ -364,6 +407,14 @@ class ClientBackend:
     def version_counts(self) -> dict[int, int]:
         response = self.client.facet(self.collection, key="bank_version", limit=1_000_000, exact=True)
         return {int(h.value): int(h.count) for h in response.hits}
+
+    def era_counts(self) -> dict[str, dict[int, int]]:
+        out = {}
+        for env in self.client.facet(self.collection, key="env_id", limit=1_000_000, exact=True).hits:
+            of_env = models.Filter(must=[models.FieldCondition(key="env_id", match=models.MatchValue(value=env.value))])
+            hits = self.client.facet(self.collection, key="era", facet_filter=of_env, limit=1_000_000, exact=True).hits
+            out[str(env.value)] = _with_era_zero({int(h.value): int(h.count) for h in hits}, int(env.count))
+        return out
 
     def scroll(self, with_vectors: bool = False) -> Iterator[tuple[str, dict[str, Any], np.ndarray | None]]:
         offset = None

@@ -158,6 +158,16 @@ class ExperienceBank(IngestMixin, RetrievalMixin, SnapshotMixin):
             "count": count,
             "version": self.version,
             "versions": [asdict(v) for v in self.versions()],
+            # what the teacher retrieves from: per environment, its entries per era and the era retrieval reads
+            # (its latest; the earlier eras' entries are superseded there, docs/memory.md "Eras")
+            "environments": {
+                env: {
+                    "entries_per_era": {str(e): n for e, n in eras.items()},
+                    "retrieved_era": max(eras),
+                    "retrievable": eras[max(eras)],
+                }
+                for env, eras in sorted(self.era_counts().items())
+            },
             "embedder": self.manifest["embedder"],
             "dim": self.manifest["dim"],
             "min_reward": self.min_reward,

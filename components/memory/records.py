@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from lopd_core.conversation import Message, Trajectory, experience_document
+from lopd_core.envs.base import suite_era
 
 if TYPE_CHECKING:
     pass
@@ -71,6 +72,9 @@ class Experience:
     source_run: str = ""
     created: str = ""  # ISO-8601 UTC; the bank fills it in when empty
     bank_version: int = 0  # set by the bank: the version at which this entry was added
+    era: int = (
+        0  # the era of the suite it succeeded on (`<suite>-era<n>`); a later era's entry of its env supersedes it
+    )
     score: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -99,6 +103,8 @@ class Experience:
             value = getattr(self, name)
             if isinstance(value, str) and not value.strip():
                 out.append(f"{name} is empty")
+        if isinstance(self.era, bool) or not isinstance(self.era, int) or self.era < 0:
+            out.append(f"era must be an int >= 0, got {self.era!r}")
         reward = self.reward
         if isinstance(reward, bool) or not isinstance(reward, int | float):
             out.append(f"reward must be a number, got {type(reward).__name__}")
@@ -136,7 +142,8 @@ class Experience:
 
     @classmethod
     def from_trajectory(cls, traj: Trajectory, source_run: str = "") -> Experience:
-        """A bank entry from a rollout: its `trace`, or a compact trace built from its messages when empty."""
+        """A bank entry from a rollout: its `trace`, or a compact trace built from its messages when empty; its era
+        from its suite's name (`lopd_core.envs.base.suite_era`)."""
         return cls(
             task_id=traj.task_id,
             env_id=traj.env_id,
@@ -145,6 +152,7 @@ class Experience:
             trace=traj.trace or compact_trace(traj.messages),
             reward=traj.reward,
             source_run=source_run or str(traj.metadata.get("run_id", "")),
+            era=suite_era(str(traj.metadata.get("suite") or ""))[1],
             metadata={
                 "n_turns": traj.n_turns,
                 "n_calls": traj.n_calls,

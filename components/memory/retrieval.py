@@ -67,6 +67,7 @@ class RetrievalMixin:
     _probed_count: int
     _query_cache: dict[str, np.ndarray]
     _warned_self_retrieval: bool
+    _eras: tuple[int, dict[str, dict[int, int]]] | None = None  # (count, era_counts) when last read
 
     def _warn_self_retrieval(self) -> None:
         if not self._warned_self_retrieval:
@@ -103,11 +104,25 @@ class RetrievalMixin:
             exclude_task_id=None if allow_self_retrieval else task_id,
             exact=self._exact(),
             env_id=env_id,
+            latest_eras=self.superseding_eras(),
         )
         # Equal scores come back in storage order, which differs between engines and after a restore:
         # order ties by point id so the same bank content always gives the same top k.
         hits.sort(key=lambda h: (-round(h.score, 6), h.point_id))
         return [Experience.from_payload(h.payload, score=h.score) for h in hits[:k]]
+
+    def era_counts(self) -> dict[str, dict[int, int]]:
+        """Entries per environment and era (read again when the bank's size changed)."""
+        if self._eras is None or self._eras[0] != self._count:
+            self._eras = (self._count, self._backend.era_counts())
+        return self._eras[1]
+
+    def superseding_eras(self) -> dict[str, int]:
+        """Eras (docs/memory.md): environment -> its latest era, for every environment that also holds entries of an
+        earlier one. Retrieval returns only that era's entries there: once a later era (`<suite>-era<n>`, a change
+        of the environment's rules) has a success in an environment, that environment's older successes, which may
+        carry rules it no longer has, are no longer retrieved. They stay in the bank (and its snapshots)."""
+        return {env: max(eras) for env, eras in self.era_counts().items() if len(eras) > 1}
 
     def _exact(self) -> bool:
         """Exact search, or HNSW where it was measured to keep recall (see `SearchSettings`)."""

@@ -12,6 +12,7 @@ model sees, never exceptions in the trainer; they are counted in `EpisodeResult`
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -70,6 +71,19 @@ class Suite(Protocol):
     def tasks(self, split: str) -> list[Task]: ...
 
     def episode(self, task: Task) -> Episode: ...
+
+
+# A suite's era: `<name>-era<n>` is the same suite after n changes of its rules (a user's environment versions). Its
+# successes share the bank with the earlier eras' and supersede them, environment by environment.
+_ERA = re.compile(r"-era(?P<era>[1-9]\d*)$")
+
+
+def suite_era(name: str) -> tuple[str, int]:
+    """(the suite's family, its era): `toolworld-rules-s1-digits-era2` -> (`toolworld-rules-s1-digits`, 2); a name
+    without `-era<n>` is era 0 of itself. Experiences of one family share a bank; a later era supersedes an earlier
+    one's experiences of the same environment (docs/memory.md, "Eras")."""
+    match = _ERA.search(name)
+    return (name, 0) if match is None else (name[: match.start()], int(match["era"]))
 
 
 VALIDATION = "validation"

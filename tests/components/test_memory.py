@@ -542,3 +542,54 @@ def test_one_bank_holds_one_suite(banks):
     check_suite(bank, "toolworld-rules-s1-digits", "loc", "bank")
     with pytest.raises(ValueError, match=r"holds experiences of toolworld-rules-s1-digits.*toolworld-rules-s2-digits"):
         check_suite(bank, "toolworld-rules-s2-digits", "loc", "bank")
+    check_suite(bank, "toolworld-rules-s1-digits-era1", "loc", "bank")  # a later era of its suite shares the bank
+    with pytest.raises(ValueError, match="holds experiences of toolworld-rules-s1-digits"):
+        check_suite(bank, "toolworld-rules-s2-digits-era1", "loc", "bank")
+
+
+def _coded(task_id: str, env_id: str, code: str, era: int) -> Experience:
+    return Experience(task_id, env_id, "train", f"Send the report {task_id}", f'send(to="x", "code": "{code}")',
+                      1.0, era=era)  # fmt: skip
+
+
+def test_a_later_era_supersedes_an_environments_earlier_successes(banks):
+    """Eras (docs/memory.md): once era 1 has a success in an environment, retrieval, bank-wide or scoped to the
+    environment, no longer returns that environment's era-0 entries and their superseded code; an environment
+    without an era-1 success keeps its era-0 entries. Everything stays stored, and stats shows what is retrieved."""
+    bank = banks.open()
+    bank.add([_coded(f"a{i}", "A", "G-17", 0) for i in range(4)] + [_coded(f"b{i}", "B", "G-23", 0) for i in range(4)])
+    assert bank.superseding_eras() == {}
+    assert {e.trace for e in bank.retrieve("Send the report a9", "q", k=8, env_id="A")} == {
+        _coded("", "A", "G-17", 0).trace
+    }
+    bank.add([_coded("a9", "A", "G-42", 1)])
+    assert bank.era_counts() == {"A": {0: 4, 1: 1}, "B": {0: 4}} and bank.superseding_eras() == {"A": 1}
+    for env_id in (None, "A"):
+        found = bank.retrieve("Send the report a1", "q", k=9, env_id=env_id)
+        assert [e.task_id for e in found if e.env_id == "A"] == ["a9"], env_id
+        assert all("G-17" not in e.trace for e in found)
+    assert len(bank.retrieve("Send the report b1", "q", k=9, env_id="B")) == 4  # B kept its era-0 entries
+    assert bank.count() == 9  # superseded, not deleted
+    stats = bank.stats()["environments"]
+    assert stats == {"A": {"entries_per_era": {"0": 4, "1": 1}, "retrieved_era": 1, "retrievable": 1},
+                     "B": {"entries_per_era": {"0": 4}, "retrieved_era": 0, "retrievable": 4}}  # fmt: skip
+
+
+def test_an_entry_takes_its_era_from_its_suite_and_entries_without_one_are_era_0(banks):
+    from lopd_core.conversation import Message, Trajectory
+
+    traj = Trajectory(task_id="t1", env_id="A", task="Do it", reward=1.0, trace="do() -> ok",
+                      messages=[Message("user", "Do it"), Message("assistant", "do()")],
+                      metadata={"suite": "toolworld-rules-s1-digits-era2"})  # fmt: skip
+    assert Experience.from_trajectory(traj).era == 2
+    assert Experience.from_trajectory(Trajectory(**{**traj.__dict__, "metadata": {}})).era == 0
+    assert _coded("x", "A", "G-1", -1).problems() == ["era must be an int >= 0, got -1"]
+    bank = banks.open()
+    old = _coded("o1", "A", "G-17", 0)  # stored by a bank from before eras: no era in its payload
+    payload = {k: v for k, v in {**old.to_payload(), "bank_version": 1}.items() if k != "era"}
+    bank._backend.insert([old.point_id], bank.embedder.embed_documents([old.document]), [payload])
+    bank.count()
+    assert bank.era_counts() == {"A": {0: 1}}
+    bank.add([Experience.from_trajectory(traj)])
+    assert bank.era_counts() == {"A": {0: 1, 2: 1}}
+    assert [e.task_id for e in bank.retrieve("Do it", "q", k=3)] == ["t1"]

@@ -36,9 +36,12 @@ VALUES = [code.removeprefix(CODE_PREFIX) for code in ALTERNATIVES]
 SAMPLE = 6  # tasks per environment, split and level (1, 2) in the episode tests
 
 
-@pytest.fixture(scope="module", params=["toolworld-rules", "toolworld-rules-s1-digits"])
+@pytest.fixture(
+    scope="module", params=["toolworld-rules", "toolworld-rules-s1-digits", "toolworld-rules-s1-digits-era1"]
+)
 def suite(request) -> RuledSuite:
-    """Both code styles: words (the default) and digit pairs (`-digits`)."""
+    """Both code styles, words (the default) and digit pairs (`-digits`), and a later era (`-era1`): hidden, enforced
+    and shared like the rules it changed."""
     ruled = open_toolworld(request.param)
     assert isinstance(ruled, RuledSuite)
     return ruled
@@ -327,6 +330,40 @@ def test_suite_names():
     ruled = open_toolworld("toolworld-rules-s1")
     assert ruled.name == "toolworld-rules-s1" and ruled.tasks("eval")[0].suite == "toolworld-rules-s1"
     assert len(ruled.tasks("eval")) == 680 and ruled.rules == HouseRules.draw(1)
+
+
+def test_an_era_shifts_half_the_environments_to_another_alternative():
+    """`-era<n>`: the draw after n rule changes. Each change moves half of the environments (drawn from the seed and
+    the era) to another of their alternatives and keeps the rest; the same name gives the same rules."""
+    era0, era1 = parse_rules_name("toolworld-rules-s1-digits"), parse_rules_name("toolworld-rules-s1-digits-era1")
+    assert era1 == HouseRules.draw(1, 2, "digits", era=1) == era0.next_era() and era1.era == 1
+    assert era1.name == "toolworld-rules-s1-digits-era1" and rules_suite_name(1, 2, "digits", 1) == era1.name
+    moved = [e for e in CODES if era1.rules[e].code != era0.rules[e].code]
+    assert era1.shifted() == sorted(moved) and len(moved) == len(CODES) // 2
+    for env_id, rule in era1.rules.items():
+        assert rule.alternatives == era0.rules[env_id].alternatives and rule.code in rule.alternatives
+    era2 = parse_rules_name("toolworld-rules-s1-digits-era2")
+    assert len(era2.shifted(since=1)) == len(CODES) // 2 and era2.shifted(since=2) == []
+    assert parse_rules_name("toolworld-rules-s2-digits-era1").shifted() != era1.shifted()  # the seed draws them
+    assert parse_rules_name("toolworld-rules-s1-digits-era0") is None  # era 0 is the name without -era
+    with pytest.raises(ValueError, match="since must lie in"):
+        era1.shifted(since=2)
+    with pytest.raises(ValueError, match="era must be >= 0"):
+        HouseRules.draw(1, era=-1)
+
+
+def test_an_era_enforces_its_new_codes_and_only_there():
+    """On era 1, era 0's solutions still succeed in the environments that kept their code and fail in the ones that
+    changed it: only era 1's successes show its new codes."""
+    era0, era1 = open_toolworld("toolworld-rules-s1-digits"), open_toolworld("toolworld-rules-s1-digits-era1")
+    assert [t.task_id for t in era1.tasks("eval")] == [t.task_id for t in era0.tasks("eval")]
+    tasks = _sample(era1, "train")
+    old = _play(era1, tasks, lambda t: reference_actions(era0.scenario(t.task_id)))
+    new = _play(era1, tasks, lambda t: reference_actions(era1.scenario(t.task_id)))
+    shifted = set(era1.rules.shifted())
+    assert all(r.reward == 1.0 for r in new)
+    assert {r.env_id for r in old if r.reward == 0.0} == shifted
+    assert all(r.reward == 1.0 for r in old if r.env_id not in shifted)
 
 
 def test_spans_find_the_code_values():

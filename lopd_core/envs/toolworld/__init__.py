@@ -29,7 +29,7 @@ RULES_PROMPT = "minimal"  # toolworld-rules: toolworld-minimal's prompts plus th
 
 def is_toolworld(name: str) -> bool:
     """Whether `name` is a built-in toolworld suite: a prompt style (SUITES) or
-    `toolworld-rules[-s<n>][-k<n>][-digits]`."""
+    `toolworld-rules[-s<n>][-k<n>][-digits][-era<n>]`."""
     from lopd_core.envs.toolworld.rules import parse_rules_name
 
     return name in SUITES or parse_rules_name(name) is not None
@@ -43,7 +43,8 @@ def open_toolworld(name: str, items: list[dict] | None = None) -> EnvScalerSuite
     rules = parse_rules_name(name)
     if name not in SUITES and rules is None:
         raise ValueError(
-            f"unknown toolworld suite {name!r}: {', '.join(SUITES)} or toolworld-rules[-s<seed>][-k<k>][-digits]"
+            f"unknown toolworld suite {name!r}: {', '.join(SUITES)} or "
+            "toolworld-rules[-s<seed>][-k<k>][-digits][-era<n>]"
         )
     config = EnvScalerConfig(prompt=SUITES.get(name, RULES_PROMPT), episodes_per_worker=EPISODES_PER_WORKER)
     env_items = load_env_items(DATA_DIR / ENV_FILE)

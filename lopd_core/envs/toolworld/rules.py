@@ -26,8 +26,14 @@ call of one of the environment's state-changing tools carries the argument `"cod
   (`DIGIT_CODES`), the tokens ids are made of, which a 1M student reads from its context, so OPSD's teacher can
   read the code from its solution (docs/study.md).
 
+* **Eras.** `-era<n>` (n >= 1) at the end of a name is the same draw after n rule changes: at each era half of the
+  environments (chosen by the draw's seed and the era) switch to another of their alternatives, the other half keep
+  their code (`HouseRules.shifted`). Era 0 is the draw itself. The tasks and splits do not change: a user's
+  environment whose rules change under an agent that was trained on them (issue 43, the re-train as the bank grows).
+
 Suite names: `toolworld-rules` (seed 0, k = 2), `toolworld-rules-s<seed>`, `toolworld-rules-k<k>`,
-`toolworld-rules-s<seed>-k<k>`, each with `-digits` at the end for the digit codes (`parse_rules_name`).
+`toolworld-rules-s<seed>-k<k>`, each with `-digits` for the digit codes and then `-era<n>` for a later era
+(`parse_rules_name`).
 """
 
 from __future__ import annotations
@@ -95,7 +101,9 @@ DIGIT_CODES: dict[str, tuple[str, ...]] = _prefixed(
     }
 )
 CODE_STYLES: dict[str, dict[str, tuple[str, ...]]] = {"words": CODES, "digits": DIGIT_CODES}
-_NAME = re.compile(rf"^{RULES_SUITE}(?:-s(?P<seed>\d+))?(?:-k(?P<k>\d+))?(?:-(?P<style>digits))?$")
+_NAME = re.compile(
+    rf"^{RULES_SUITE}(?:-s(?P<seed>\d+))?(?:-k(?P<k>\d+))?(?:-(?P<style>digits))?(?:-era(?P<era>[1-9]\d*))?$"
+)
 _MISSING = object()
 
 
@@ -128,23 +136,49 @@ class HouseRules:
     k: int
     rules: dict[str, HouseRule]
     style: str = "words"
+    era: int = 0
 
     @staticmethod
-    def draw(seed: int = 0, k: int = DEFAULT_K, style: str = "words") -> HouseRules:
+    def draw(seed: int = 0, k: int = DEFAULT_K, style: str = "words", era: int = 0) -> HouseRules:
         if not 2 <= k <= MAX_K:
             raise ValueError(f"house rules: k must lie in [2, {MAX_K}] (alternatives per environment), got {k}")
         if style not in CODE_STYLES:
             raise ValueError(f"house rules: style must be one of {sorted(CODE_STYLES)}, got {style!r}")
+        if era < 0:
+            raise ValueError(f"house rules: era must be >= 0, got {era}")
         rules = {}
         for env_id, codes in CODE_STYLES[style].items():
             alternatives = codes[:k]
             code = random.Random(f"{RULES_SUITE}|{seed}|{env_id}").choice(alternatives)
             rules[env_id] = HouseRule(env_id, alternatives, code)
-        return HouseRules(seed, k, rules, style)
+        drawn = HouseRules(seed, k, rules, style)
+        for _ in range(era):
+            drawn = drawn.next_era()
+        return drawn
+
+    def next_era(self) -> HouseRules:
+        """The rules one era later: half of the environments (drawn from the seed and the era) switch to another of
+        their alternatives, drawn at random; the rest keep their code."""
+        era = self.era + 1
+        rng = random.Random(f"{RULES_SUITE}|{self.seed}|era{era}")
+        shifted = set(rng.sample(sorted(self.rules), len(self.rules) // 2))
+        rules = {
+            env_id: replace(rule, code=rng.choice([a for a in rule.alternatives if a != rule.code]))
+            if env_id in shifted else rule
+            for env_id, rule in self.rules.items()
+        }  # fmt: skip
+        return HouseRules(self.seed, self.k, rules, self.style, era)
+
+    def shifted(self, since: int = 0) -> list[str]:
+        """The environments whose code differs from the code they had at era `since` (sorted)."""
+        if not 0 <= since <= self.era:
+            raise ValueError(f"house rules: since must lie in [0, {self.era}] (this draw's era), got {since}")
+        before = HouseRules.draw(self.seed, self.k, self.style, since)
+        return sorted(e for e, rule in self.rules.items() if rule.code != before.rules[e].code)
 
     @property
     def name(self) -> str:
-        return rules_suite_name(self.seed, self.k, self.style)
+        return rules_suite_name(self.seed, self.k, self.style, self.era)
 
     def follow(self, env_id: str, calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """A reference solution's calls with the house rule obeyed (the code added to every state-changing call)."""
@@ -215,21 +249,24 @@ def _realised(code: str) -> str:
     return f'"{RULE_ARGUMENT}": "{code}"'
 
 
-def rules_suite_name(seed: int = 0, k: int = DEFAULT_K, style: str = "words") -> str:
+def rules_suite_name(seed: int = 0, k: int = DEFAULT_K, style: str = "words", era: int = 0) -> str:
     return (
         RULES_SUITE
         + (f"-s{seed}" if seed else "")
         + (f"-k{k}" if k != DEFAULT_K else "")
         + (f"-{style}" if style != "words" else "")
+        + (f"-era{era}" if era else "")
     )
 
 
 def parse_rules_name(name: str) -> HouseRules | None:
-    """The house rules a suite name asks for (`toolworld-rules[-s<seed>][-k<k>][-digits]`), None for another name."""
+    """The house rules a suite name asks for (`toolworld-rules[-s<seed>][-k<k>][-digits][-era<n>]`), None for
+    another name."""
     match = _NAME.match(name)
     if match is None:
         return None
-    return HouseRules.draw(int(match["seed"] or 0), int(match["k"] or DEFAULT_K), match["style"] or "words")
+    seed, k, style = int(match["seed"] or 0), int(match["k"] or DEFAULT_K), match["style"] or "words"
+    return HouseRules.draw(seed, k, style, int(match["era"] or 0))
 
 
 class RuledEpisode(EnvScalerEpisode):
