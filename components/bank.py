@@ -49,7 +49,8 @@ def bank(spec: BankSpec) -> StageResult:
             ref = store.put(snapshot.uri, "bank_snapshot", snapshot.metadata)
             count, version = b.count(), b.version
         metrics = {"added": float(report.added), "duplicates": float(report.duplicates),
-                   "rejected": float(len(report.rejected)), "invalid_lines": float(len(errors)),
+                   "moved_era": float(report.moved_era), "rejected": float(len(report.rejected)),
+                   "invalid_lines": float(len(errors)),
                    "skipped_failures": float(skipped), "count": float(count), "version": float(version)}  # fmt: skip
         run.log_metrics(metrics)
         run.log_artifact_ref(ref)

@@ -61,6 +61,9 @@ class TrainSpec(StageSpec):
     # validation tasks it scores at the end of training (0: none)
     probe_tasks: int = Field(48, ge=0)
     resume: bool = True  # continue from this spec's last checkpoint when there is one
+    # start the student from a trained run's student (its train checkpoint; the weights only, not the optimizer,
+    # composer or teacher): a re-train of a trained student on new rules or a grown bank (flows/era.py)
+    init_student: ArtifactRef | None = None
     threads: int = Field(1, ge=1)
     # data-parallel ranks on this node (one per GPU): > 1 runs the stage under `torchrun --nproc-per-node nproc`
     # (lopd_core.distributed); a stage already started by torchrun (a PyTorchJob pod) uses torchrun's world
@@ -241,6 +244,12 @@ def _set_up(spec: TrainSpec) -> _Setup:
         cold_probe = json.loads((composer_dir / "state.json").read_text()).get("probe") or {}
     else:
         cold_probe = {}
+    if spec.init_student is not None:  # a resumed run's own checkpoint replaces these weights later
+        from safetensors.torch import load_file
+
+        from lopd_core.checkpoint import load_student_weights
+
+        load_student_weights(models, load_file(str(store.get(spec.init_student) / "weights.safetensors")))
     return _Setup(cfg, suite, tasks, solutions, notes, run_name, ckpt_dir, saved, models, source,
                   {f"cold_{k}": v for k, v in cold_probe.items()})  # fmt: skip
 

@@ -216,6 +216,51 @@ def study(
     print_summary({**summary, "evaluation": ""}, time.monotonic() - t0)
 
 
+@app.command("era-shift")
+def era_shift(
+    config: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Era-0 config on a toolworld-rules suite with a budget (default: configs/study-rules.yaml "
+            "with the scenario's arms, GRPO, OPSD and LOPD, in runs/era-shift)."
+        ),
+    ] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="key=value override with dotted keys, repeatable (as in `lopd run`)."),
+    ] = None,
+    era: Annotated[int, typer.Option(help="The era the house rules change to (<suite>-era<N>).")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run's summary as JSON.")] = False,
+) -> None:
+    """Re-training as the bank grows: era 0's pipeline, then the house rules change in half of the environments,
+    the era-0 students collect on the new era into the bank, and every arm re-trains from its own student (LOPD
+    with its era-0 cold start and with a new one). Prints reward and rule pass on the shifted and the unshifted
+    environments, and each re-trained arm against its era-0 student (recovery, forgetting)."""
+    from flows.config import load_config, preset_config
+    from flows.era import ERA_SHIFT
+
+    items = list(overrides or [])
+    try:
+        cfg = load_config(config, items) if config else preset_config("study-rules", [*ERA_SHIFT, *items])
+        cfg.for_era(era)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(f"{config or 'study-rules'}: {exc}")
+    _prefect_defaults()
+
+    from flows.console import logs_above_bars
+    from flows.era import lopd_era_shift
+
+    t0 = time.monotonic()
+    with logs_above_bars(), _explained(t0):
+        summary = lopd_era_shift(config=cfg, overrides=(), era=era)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+        return
+    typer.echo(Path(summary["report"]).read_text())
+    typer.echo(f"era report: {summary['report']}; every run's tables: {summary['tables']} "
+               f"({time.monotonic() - t0:.0f} s)")  # fmt: skip
+
+
 @contextlib.contextmanager
 def _explained(t0: float) -> Iterator[None]:
     """An error that explains itself (flows.console.clear_errors) ends the command with its message and how long

@@ -426,6 +426,26 @@ class PipelineConfig(Model):
             "bank": self.bank.model_copy(update={"name": f"{self.bank.name}-s{draw}"}),
         })  # fmt: skip
 
+    def for_era(self, era: int) -> PipelineConfig:
+        """The same config after `era` changes of the house rules (`<suite>-era<era>`, flows/era.py): the suite and
+        the benchmarks that score it follow; the bank stays (the eras of a suite share it, docs/memory.md "Eras")."""
+        from lopd_core.envs.toolworld.rules import parse_rules_name, rules_suite_name
+
+        rules = parse_rules_name(self.suite)
+        if rules is None:
+            raise ValueError(f"suite {self.suite!r} has no house rules to change: the era shift needs a "
+                             "toolworld-rules suite, e.g. suite=toolworld-rules-s1-digits")  # fmt: skip
+        if era <= rules.era:
+            raise ValueError(f"era={era}: the suite {self.suite!r} is already at era {rules.era}; name a later one")
+        if self.budget is None:
+            raise ValueError("the era shift re-trains every arm at an equal generation budget: set budget (e.g. 800)")
+        suite = rules_suite_name(rules.seed, rules.k, rules.style, era)
+        benchmarks = [b.model_copy(update={"name": suite}) if b.name == self.suite else b
+                      for b in self.evaluate.benchmarks]  # fmt: skip
+        return self.model_copy(update={
+            "suite": suite, "draws": None, "evaluate": self.evaluate.model_copy(update={"benchmarks": benchmarks}),
+        })  # fmt: skip
+
     def method_config(self, method: str, seed: int) -> LOPDConfig:
         """The method's LOPDConfig for `seed` (with the method's overrides; used for arms named by a method)."""
         return self.arm_config(method)[0].model_copy(update={"method": method, "seed": seed})

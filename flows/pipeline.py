@@ -224,31 +224,9 @@ def _pipeline(cfg: PipelineConfig) -> dict[str, Any]:
             return done
 
         try:
-            warm = oracle = None
-            if cfg.sft is not None:
-                warm_starts = [("sft", "sft (warm start)", sft_spec(cfg, common))]
-                if cfg.oracle:  # the ceiling: a warm start on rule-following demonstrations, built beside the other
-                    warm_starts.append(("sft", "sft (oracle)", sft_spec(cfg, common, oracle=True)))
-                built = run(warm_starts)
-                warm = built[0].result.artifacts["model"]
-                oracle = built[1].result.artifacts["model"] if cfg.oracle else None
-            (c,) = run([("collect", "collect", collect_spec(cfg, common, warm))])
-            dataset = c.result.artifacts["dataset"]
-            (b,) = run([("bank", "bank", bank_spec(cfg, common, dataset))])
-            snapshot = b.result.artifacts["bank_snapshot"]
-            arms = dict(cfg.arms())
-            seeds, members = cfg.seeds, [(a, s) for a in arms for s in cfg.seeds]
-            composers = cold_starts(cfg, common, arms, seeds, dataset, snapshot, warm, run)
-            trained = run(
-                [
-                    (
-                        "train",
-                        f"train {a} seed {s}",
-                        train_spec(cfg, common, a, s, dataset, snapshot, composers.get((a, s)), warm),
-                    )
-                    for a, s in members
-                ]
-            )
+            grid = train_grid(cfg, common, run)
+            warm, oracle, b, dataset = grid.warm, grid.oracle, grid.bank, grid.dataset
+            arms, trained = grid.arms, list(grid.trained.values())
             calls = []
             if cfg.evaluate.base:
                 name = f"{cfg.backbone} (base)" if warm is None else "vanilla (sft warm start)"
@@ -257,7 +235,7 @@ def _pipeline(cfg: PipelineConfig) -> dict[str, Any]:
             if oracle is not None:
                 ceiling = evaluate_spec(cfg, common, ORACLE_LABEL, "oracle", None, None, None, oracle)
                 calls.append(("evaluate", "evaluate oracle", ceiling))
-            for (a, s), t in zip(members, trained, strict=True):
+            for (a, s), t in grid.trained.items():
                 spec = evaluate_spec(cfg, common, f"{a} seed {s}", arms[a], s, t.result, b.result, warm, a, dataset)
                 calls.append(("evaluate", f"evaluate {a} seed {s}", spec))
             evaluated = run(calls)
@@ -293,6 +271,51 @@ def _pipeline(cfg: PipelineConfig) -> dict[str, Any]:
         return summary
     finally:
         lock.release()
+
+
+@dataclass
+class Grid:
+    """What the training half of a pipeline produced: the warm starts, the collection and its bank stage, and the
+    trained run of every (arm, seed) with its cold-started composer (LOPD arms)."""
+
+    warm: ArtifactRef | None
+    oracle: ArtifactRef | None
+    dataset: ArtifactRef
+    bank: Outcome
+    arms: dict[str, str]  # arm -> method
+    composers: dict[tuple[str, int], ArtifactRef]
+    trained: dict[tuple[str, int], Outcome]
+
+
+def train_grid(cfg: PipelineConfig, common: dict[str, Any], run: Any) -> Grid:
+    """[sft ->] collect -> bank -> cold-start -> train for every (arm, seed): the pipeline's training half (the
+    era-shift flow replays it from the stage cache to find the students it re-trains)."""
+    warm = oracle = None
+    if cfg.sft is not None:
+        warm_starts = [("sft", "sft (warm start)", sft_spec(cfg, common))]
+        if cfg.oracle:  # the ceiling: a warm start on rule-following demonstrations, built beside the other
+            warm_starts.append(("sft", "sft (oracle)", sft_spec(cfg, common, oracle=True)))
+        built = run(warm_starts)
+        warm = built[0].result.artifacts["model"]
+        oracle = built[1].result.artifacts["model"] if cfg.oracle else None
+    (c,) = run([("collect", "collect", collect_spec(cfg, common, warm))])
+    dataset = c.result.artifacts["dataset"]
+    (b,) = run([("bank", "bank", bank_spec(cfg, common, dataset))])
+    snapshot = b.result.artifacts["bank_snapshot"]
+    arms = dict(cfg.arms())
+    members = [(a, s) for a in arms for s in cfg.seeds]
+    composers = cold_starts(cfg, common, arms, cfg.seeds, dataset, snapshot, warm, run)
+    trained = run(
+        [
+            (
+                "train",
+                f"train {a} seed {s}",
+                train_spec(cfg, common, a, s, dataset, snapshot, composers.get((a, s)), warm),
+            )
+            for a, s in members
+        ]
+    )
+    return Grid(warm, oracle, dataset, b, arms, composers, dict(zip(members, trained, strict=True)))
 
 
 def cold_starts(

@@ -125,6 +125,39 @@ def load_model_tensors(models: LOPDModels, tensors: dict[str, torch.Tensor], stu
                              f"unexpected {unexpected[:3]}")  # fmt: skip
 
 
+def load_student_weights(models: LOPDModels, tensors: dict[str, torch.Tensor]) -> int:
+    """Load only the student of `model_tensors` output (a trained run's checkpoint) into `models`: its LoRA factors
+    (student_mode lora) or its weights (full). The composer, the teacher's reader and an EMA teacher stay as they
+    are. For a re-train that starts from a trained student (flows/era.py). Returns how many tensors were loaded."""
+    adapter = models.student_adapter
+    if adapter is not None:  # LoRA: the student adapter's factors on the backbone
+        mine = {k: v for k, v in tensors.items() if k.startswith("backbone.") and f".{adapter}." in k}
+        params = dict(models.backbone.named_parameters())
+        wanted = [n for n in params if "lora_" in n and f".{adapter}." in n]
+        given = {k.removeprefix("backbone."): v for k, v in mine.items()}
+        if sorted(given) != sorted(wanted):
+            raise ValueError(f"the checkpoint's student does not fit this one (student_mode=lora): it has "
+                             f"{len(given)} of the {len(wanted)} student LoRA tensors; a fully fine-tuned student "
+                             "starts only a student_mode=full run")  # fmt: skip
+        with torch.no_grad():
+            for name, value in given.items():
+                params[name].copy_(shard_like(value, params[name]))
+        return len(given)
+    current = models.student.state_dict()
+    given = {k.removeprefix("student."): v for k, v in tensors.items() if k.startswith("student.")}
+    if not given:
+        raise ValueError("the checkpoint holds no fully fine-tuned student (student.*): a LoRA student starts only a "
+                         "student_mode=lora run")  # fmt: skip
+    tied = set(current) - set(_untied(current))
+    missing, unexpected = models.student.load_state_dict(
+        {k: shard_like(v, current[k]) if k in current else v for k, v in given.items()}, strict=False
+    )
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"student weights do not fit: missing {sorted(set(missing) - tied)[:3]}, "
+                         f"unexpected {unexpected[:3]}")  # fmt: skip
+    return len(given)
+
+
 def rng_state() -> dict[str, Any]:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 

@@ -98,7 +98,9 @@ class Backend(Protocol):
     kind: str  # "edge" | "local" | "memory" | "server"
     approximate: bool  # whether `search(..., exact=False)` may use HNSW (local mode is always exact)
 
-    def existing_ids(self, ids: list[str]) -> set[str]: ...
+    def existing_eras(self, ids: list[str]) -> dict[str, int]: ...  # the stored ones among ids -> their era
+
+    def set_era(self, ids: list[str], era: int, version: int) -> None: ...  # re-verified in a later era: moved there
 
     def insert(self, ids: list[str], vectors: np.ndarray, payloads: list[dict[str, Any]]) -> None: ...
 
@@ -213,10 +215,15 @@ class EdgeBackend:
                 self.shard.update(qe.UpdateOperation.create_field_index(name, schema))
         self.shard.flush()
 
-    def existing_ids(self, ids: list[str]) -> set[str]:
+    def existing_eras(self, ids: list[str]) -> dict[str, int]:
         if not ids:
-            return set()
-        return {norm_id(r.id) for r in self.shard.retrieve(list(ids), with_payload=False, with_vector=False)}
+            return {}
+        records = self.shard.retrieve(list(ids), with_payload=True, with_vector=False)
+        return {norm_id(r.id): int((r.payload or {}).get("era", 0)) for r in records}
+
+    def set_era(self, ids: list[str], era: int, version: int) -> None:
+        self.shard.update(self._qe.UpdateOperation.set_payload(list(ids), {"era": era, "bank_version": version}))
+        self.shard.flush()
 
     def insert(self, ids: list[str], vectors: np.ndarray, payloads: list[dict[str, Any]]) -> None:
         qe = self._qe
@@ -355,11 +362,15 @@ class ClientBackend:
             return cls(client, collection, "server", dim, search, url=location, api_key=api_key)
         return cls(QdrantClient(path=location), collection, "local", dim, search)
 
-    def existing_ids(self, ids: list[str]) -> set[str]:
+    def existing_eras(self, ids: list[str]) -> dict[str, int]:
         if not ids:
-            return set()
-        records = self.client.retrieve(self.collection, ids=list(ids), with_payload=False, with_vectors=False)
-        return {norm_id(r.id) for r in records}
+            return {}
+        records = self.client.retrieve(self.collection, ids=list(ids), with_payload=["era"], with_vectors=False)
+        return {norm_id(r.id): int((r.payload or {}).get("era", 0)) for r in records}
+
+    def set_era(self, ids: list[str], era: int, version: int) -> None:
+        payload = {"era": era, "bank_version": version}
+        self.client.set_payload(self.collection, payload=payload, points=list(ids), wait=True)
 
     def insert(self, ids: list[str], vectors: np.ndarray, payloads: list[dict[str, Any]]) -> None:
         self.client.upsert(

@@ -33,6 +33,7 @@ class IngestMixin:
     name: str
     min_reward: float
     _count: int
+    _eras: Any
 
     def add(self, experiences: Iterable[Experience | Mapping[str, Any]]) -> int:
         """Store new successes; returns how many were newly stored. See `ingest` for the full report."""
@@ -89,11 +90,20 @@ class IngestMixin:
         unique: dict[str, Experience] = {}
         for exp in valid:
             unique.setdefault(exp.point_id, exp)
-        existing = self._backend.existing_ids(list(unique))
+        existing = self._backend.existing_eras(list(unique))
         new = [e for pid, e in unique.items() if pid not in existing]
         report.duplicates = len(valid) - len(new)
+        # A success stored in an earlier era and verified again in a later one holds in the later era too: it moves
+        # there and counts as new at this version, since what retrieval returns changed (docs/memory.md, "Eras").
+        later: dict[int, list[str]] = {}
+        for pid, e in unique.items():
+            if pid in existing and e.era > existing[pid]:
+                later.setdefault(e.era, []).append(pid)
+        version = self.version + 1
+        for era, ids in later.items():
+            self._backend.set_era(ids, era, version)
+        report.moved_era = sum(len(ids) for ids in later.values())
         if new:
-            version = self.version + 1
             created = _now()
             payloads = []
             for e in new:
@@ -108,14 +118,17 @@ class IngestMixin:
             self._backend.optimize()
             report.added = len(new)
         self._count = self._backend.count()
+        self._eras = None  # entries per environment and era: read again
         report.version = self.version
         report.count = self._count
         logger.info(
-            "bank %s: %d received, %d added, %d duplicates, %d rejected; version %d, %d entries",
+            "bank %s: %d received, %d added, %d duplicates (%d moved to a later era), %d rejected; version %d, "
+            "%d entries",
             self.name,
             report.received,
             report.added,
             report.duplicates,
+            report.moved_era,
             len(report.rejected),
             report.version,
             report.count,

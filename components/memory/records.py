@@ -179,6 +179,7 @@ class IngestReport:
     received: int = 0
     added: int = 0
     duplicates: int = 0  # already in the bank, or repeated within the batch
+    moved_era: int = 0  # duplicates stored in an earlier era and verified again in a later one: moved to it
     rejected: list[str] = field(default_factory=list)  # one message per bad record, naming it
     version: int = 0
     count: int = 0

@@ -593,3 +593,18 @@ def test_an_entry_takes_its_era_from_its_suite_and_entries_without_one_are_era_0
     bank.add([Experience.from_trajectory(traj)])
     assert bank.era_counts() == {"A": {0: 1, 2: 1}}
     assert [e.task_id for e in bank.retrieve("Do it", "q", k=3)] == ["t1"]
+
+
+def test_a_success_verified_again_in_a_later_era_moves_there(banks):
+    """The same task and trace (one point) succeeding in era 1 holds in era 1: it moves there, counts as new at that
+    version (bank-watch sees it), and supersedes its environment's other era-0 entries."""
+    bank = banks.open()
+    bank.add([_coded("a1", "A", "G-17", 0), _coded("a2", "A", "G-17", 0)])
+    assert bank.version == 1 and bank.superseding_eras() == {}
+    report = bank.ingest([_coded("a1", "A", "G-17", 1)])
+    assert (report.added, report.duplicates, report.moved_era) == (0, 1, 1)
+    assert bank.version == 2 and bank.grown_since(1) == 1 and bank.count() == 2
+    assert bank.era_counts() == {"A": {0: 1, 1: 1}} and bank.superseding_eras() == {"A": 1}
+    assert [e.task_id for e in bank.retrieve("Send the report a9", "q", k=3)] == ["a1"]
+    again = bank.ingest([_coded("a1", "A", "G-17", 0)])  # an earlier era never moves an entry back
+    assert (again.moved_era, bank.version) == (0, 2)

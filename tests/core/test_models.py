@@ -239,3 +239,31 @@ def test_token_latents_are_mixtures_of_the_experiences_own_token_embeddings():
     torch.testing.assert_close(one, tokens[:1, :1].expand(1, k, d))
     with pytest.raises(ValueError, match="token embeddings"):
         qformer(states, mask)
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_a_run_starts_from_a_trained_student_and_nothing_else(mode):
+    """`load_student_weights` (a re-train from a trained student, TrainSpec.init_student): the student's weights
+    arrive exactly; the composer and the teacher's reader keep their own; a student of the other mode is refused."""
+    from lopd_core.backbone import load_backbone
+    from lopd_core.checkpoint import load_student_weights, model_tensors
+
+    cfg = CFG.model_copy(update={"student_mode": mode, "teacher_reader": True})
+    trained = build_models(*load_backbone("tiny"), cfg)
+    with torch.no_grad():
+        for p in [*trained.student_parameters(), *trained.composer.qformer.parameters()]:
+            p.add_(0.01 * torch.randn_like(p))
+        randomize_lora(trained.backbone, trained.teacher_adapter, seed=1)
+    tensors = model_tensors(trained)
+    fresh = build_models(*load_backbone("tiny"), cfg)
+    before_qformer = {n: p.clone() for n, p in fresh.composer.qformer.named_parameters()}
+    before_reader = {n: p.clone() for n, p in fresh.backbone.named_parameters() if f".{fresh.teacher_adapter}." in n}
+    assert load_student_weights(fresh, tensors) > 0
+    for a, b in zip(trained.student_parameters(), fresh.student_parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert all(torch.equal(p, before_qformer[n]) for n, p in fresh.composer.qformer.named_parameters())
+    assert all(torch.equal(p, before_reader[n]) for n, p in fresh.backbone.named_parameters() if n in before_reader)
+    other = build_models(*load_backbone("tiny"), cfg.model_copy(update={"student_mode": "full" if mode == "lora"
+                                                                        else "lora"}))  # fmt: skip
+    with pytest.raises(ValueError, match=r"does not fit|holds no fully fine-tuned student"):
+        load_student_weights(other, tensors)

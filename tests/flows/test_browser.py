@@ -70,7 +70,7 @@ def test_a_researcher_sees_scores_curves_presets_and_unique_deployments(page, tm
 
     with prefect_server(tmp_path / "prefect-home", ui=True) as server:
         deployed = lopd(server, "deploy").stdout
-        assert "11 deployments on" in deployed and "Quick run" in deployed, deployed
+        assert "12 deployments on" in deployed and "Quick run" in deployed, deployed
         deployments = httpx.post(f"{server['api']}/deployments/filter", json={}, timeout=30).json()
         default = next(d for d in deployments if d["name"] == DEFAULT_DEPLOYMENT[1])
         assert default["parameters"] == {"preset": "tiny"}
@@ -99,7 +99,7 @@ def test_a_researcher_sees_scores_curves_presets_and_unique_deployments(page, tm
         ui = server["ui"]
         text = look(page, f"{ui}/deployments", "prefect-deployments.png", DEFAULT_DEPLOYMENT[1])
         names = [d["name"] for d in deployments]
-        assert len(set(names)) == len(names) == 11, names
+        assert len(set(names)) == len(names) == 12, names
         shown = [n for n in names if n in text]  # the first page lists 10
         assert len(shown) >= 10 and all(text.count(f"{n}\n") == 1 for n in shown), text[:2000]
         text = look(page, f"{ui}/automations", "prefect-automation.png", "Run deployment")

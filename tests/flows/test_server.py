@@ -58,11 +58,11 @@ def worker(server: dict[str, Any]) -> Any:
 def test_deploy_run_pipeline_and_retrain_on_bank_growth(server, tmp_path):
     timings = {"server_start_s": round(server["start_s"], 1), "deploy_s": server["deploy_s"]}
     deployed = server["deployed"]
-    assert "11 deployments on" in deployed.stdout and "prefect worker start --pool lopd-process" in deployed.stdout
+    assert "12 deployments on" in deployed.stdout and "prefect worker start --pool lopd-process" in deployed.stdout
     deployments = httpx.post(f"{server['api']}/deployments/filter", json={}, timeout=30).json()
     names = {d["name"] for d in deployments}
     assert {"pipeline-on-this-machine", "pipeline-on-kubernetes", "train-gpu-pod", "retrain-on-bank-growth"} <= names
-    assert len(names) == len(deployments) == 11  # unique: the automation card shows the name alone
+    assert len(names) == len(deployments) == 12  # unique: the automation card shows the name alone
     study = next(d for d in deployments if d["entrypoint"].endswith(":lopd_study"))
     assert "config" in study["parameter_openapi_schema"]["properties"]  # the typed form
     pool = httpx.get(f"{server['api']}/work_pools/lopd-gpu", timeout=30).json()
