@@ -51,6 +51,7 @@ from flows.pipeline import (
     close_pipeline_run,
     lopd_pipeline,
     open_pipeline_run,
+    record_trained,
     stage_context,
     train_grid,
     ui_link,
@@ -122,6 +123,7 @@ def lopd_era_shift(
     overrides: tuple[str, ...] = ERA_SHIFT,
     config: PipelineConfig | None = None,
     era: int = 1,
+    retrain_now: bool = True,
 ) -> dict[str, Any]:
     """Era 0's pipeline, then a change of the house rules in half of the environments, the era-0 students' new
     experience through the bank, and every arm re-trained from its own student on the new era: reward and rule pass
@@ -134,6 +136,8 @@ def lopd_era_shift(
             and LOPD, in runs/era-shift).
         config: Leave on None to run the preset. A whole era-0 config instead of it (the overrides still apply).
         era: The era the rules change to (the suite named SUITE-eraN, N = era).
+        retrain_now: Re-train as soon as the bank has grown. Off: stop there, and let bank-watch see the growth and
+            its automation start lopd-retrain on the run directory, which finishes the re-train (as in production).
     """
     cfg = preset_config(preset, overrides) if config is None else with_overrides(config, overrides)
     cfg1 = cfg.for_era(era)  # checks the suite and the budget
@@ -142,11 +146,29 @@ def lopd_era_shift(
         state = json.loads(state_path.read_text()) if state_path.exists() else {}
         if "era0" not in state:
             lopd_pipeline.with_options(flow_run_name="era 0")(config=cfg)
-        return _era_shift(cfg, cfg1, era, state, state_path)
+        return _era_shift(cfg, cfg1, era, state, state_path, retrain_now)
+
+
+def _stages(outcomes: list[Outcome]) -> list[dict[str, Any]]:
+    return [{"stage": o.stage, "label": o.label, "cached": o.cached} for o in outcomes]
+
+
+def pending_era(run_dir: Path) -> int | None:
+    """The era whose bank has grown and whose re-train has not run in `run_dir` (lopd-retrain finishes it)."""
+    for path in sorted(run_dir.glob(f"era*/{STATE_FILE}")):
+        state = json.loads(path.read_text())
+        if "grown" in state and not state.get("done"):
+            return int(path.parent.name.removeprefix("era"))
+    return None
 
 
 def _era_shift(
-    cfg: PipelineConfig, cfg1: PipelineConfig, era: int, state: dict[str, Any], state_path: Path
+    cfg: PipelineConfig,
+    cfg1: PipelineConfig,
+    era: int,
+    state: dict[str, Any],
+    state_path: Path,
+    retrain_now: bool = True,
 ) -> dict[str, Any]:
     logger = get_run_logger()
     lock = RunDirLock(cfg.resolved_run_dir(), "lopd-era-shift").acquire()
@@ -173,6 +195,12 @@ def _era_shift(
                 _save(state_path, state)
             datasets = {_key(k): ArtifactRef.from_dict(v) for k, v in state["grown"]["datasets"].items()}
             bank = StageResult.model_validate(state["grown"]["bank"])
+            if not retrain_now:
+                close_pipeline_run(cfg1, pipe, outcomes, "FINISHED")
+                logger.info("era %d: the bank grew to v%d; the re-train waits for bank-watch and lopd-retrain", era,
+                            int(bank.metrics["version"]))  # fmt: skip
+                return {"status": "waiting", "bank_version": int(bank.metrics["version"]), "mlflow_run_id": pipe,
+                        "stages": _stages(outcomes)}  # fmt: skip
             retrained = retrain(cfg1, common, zero, datasets, bank, run)
             evaluated = evaluate_eras(cfg, cfg1, common, zero, retrained, bank, run)
             report = ReportSpec(
@@ -195,6 +223,9 @@ def _era_shift(
             )
             tracker.call("logging the era report", lambda: tracker.client.log_artifact(pipe, str(out_dir / "era.md")))
             create_markdown_artifact(text, key=f"era-shift-{era}", description=f"Re-training on era {era}")
+            record_trained(cfg1, bank, pipe, flow_run_id)  # bank-watch measures growth from the grown bank now
+            state["done"] = True
+            _save(state_path, state)
         except BaseException as exc:
             status = "FAILED" if isinstance(exc, Exception) and not STOP.is_set() else "KILLED"
             try:
@@ -209,7 +240,7 @@ def _era_shift(
             "era": data,
             "mlflow_run_id": pipe,
             "tables": str(_report_dir(cfg1, r.result) / "report.md"),  # the pipeline report's tables of every run
-            "stages": [{"stage": o.stage, "label": o.label, "cached": o.cached} for o in outcomes],
+            "stages": _stages(outcomes),
         }
     finally:
         lock.release()

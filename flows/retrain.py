@@ -9,7 +9,9 @@ emits the event `lopd.bank.grown` for the resource `lopd.bank.<id>`; the deploym
 `lopd-retrain/retrain-on-bank-growth` (prefect.yaml) starts a re-training run with the event's run_dir.
 lopd-retrain re-runs the pipeline saved in `<run_dir>/pipeline.yaml`: collect comes from the stage cache, the bank
 stage sees the grown bank and takes a new snapshot, and everything that reads the bank (cold-start, LOPD training, its
-evaluation, the report) runs again; baselines that do not read the bank stay cached.
+evaluation, the report) runs again; baselines that do not read the bank stay cached. When the growth is a new era's
+experience (`lopd-era-shift` with retrain_now off: the rules changed and the students collected on them), it
+finishes that re-train instead: every arm from its own student on the new era (flows/era.py).
 
 Debounce, so that one growth burst starts one run: bank-watch emits once per growth and then waits for the
 re-training to consume it (or `debounce_s` to pass); the trigger fires at most once per `within` window per
@@ -30,6 +32,7 @@ from prefect.events import emit_event
 from prefect.tasks import exponential_backoff
 
 from flows.config import load_config
+from flows.era import lopd_era_shift, pending_era
 from flows.lifecycle import stop_stages_on_sigterm
 from flows.pipeline import PIPELINE_FILE, TRAINED_FILE, lopd_pipeline
 from flows.stages import retry_transient
@@ -182,5 +185,11 @@ def _retrain(run_dir: str, bank_version: int | None, min_growth: int) -> dict[st
     trigger = f"retrain bank v{version}" if version is not None else "retrain"
     # the pipeline's flow run and its MLflow pipeline run say what started them (Tag.TRIGGER, tags retrain, bank-vN)
     with tags("retrain", *([f"bank-v{version}"] if version is not None else [])):
+        era = pending_era(root)
+        if era is not None:  # the rules changed and the students' new experience arrived: each re-trains (flows/era)
+            summary = lopd_era_shift.with_options(flow_run_name=f"{trigger}: era {era}")(
+                config=cfg, overrides=(), era=era
+            )
+            return {"status": f"retrained era {era}", "run_dir": str(root), "era": summary}
         summary = lopd_pipeline.with_options(flow_run_name=trigger)(config=cfg)
     return {"status": "retrained", "run_dir": str(root), "pipeline": summary}

@@ -31,17 +31,28 @@ def config(run_dir: Path):
 
 @pytest.fixture(scope="module")
 def shifted(harness, tmp_path_factory):
+    """The production path: the era flow stops once the students' experience has grown the bank; bank-watch
+    announces the growth; lopd-retrain (which the automation starts) finishes the era's re-train."""
     from flows.era import lopd_era_shift
+    from flows.retrain import bank_watch, lopd_retrain
 
     run_dir = tmp_path_factory.mktemp("era")
-    return run_dir, lopd_era_shift(config=config(run_dir), overrides=(), era=1)
+    waiting = lopd_era_shift(config=config(run_dir), overrides=(), era=1, retrain_now=False)
+    assert waiting["status"] == "waiting" and not any(s["stage"] == "train" and "era" in s["label"]
+                                                      for s in waiting["stages"])  # fmt: skip
+    watched = bank_watch(run_dir=str(run_dir), min_growth=1)
+    assert watched["status"] == "emitted" and watched["version"] == waiting["bank_version"], watched
+    retrained = lopd_retrain(run_dir=str(run_dir), bank_version=watched["version"])
+    assert retrained["status"] == "retrained era 1", retrained
+    assert bank_watch(run_dir=str(run_dir), min_growth=1)["status"] == "waiting"  # trained on the grown bank now
+    return run_dir, retrained["era"], waiting
 
 
 def test_students_collect_into_the_shared_bank_and_every_arm_retrains_from_its_own(shifted):
     from components.memory import ExperienceBank
     from lopd_core.envs.toolworld.rules import parse_rules_name
 
-    run_dir, summary = shifted
+    run_dir, summary, waiting = shifted
     state = json.loads((run_dir / "era1" / "state.json").read_text())
     assert set(state["era0"]["trained"]) == {"grpo|0", "lopd|0"} and set(state["grown"]["datasets"]) == {
         "grpo|0",
@@ -51,9 +62,9 @@ def test_students_collect_into_the_shared_bank_and_every_arm_retrains_from_its_o
         eras = bank.era_counts()
     # the students' era-1 trajectories entered as era 1 (new traces added; those era 0 already held moved there)
     assert any(1 in counts for counts in eras.values()), eras
-    labels = [s["label"] for s in summary["stages"]]
-    assert "collect era 1 by grpo seed 0" in labels and "collect era 1 by lopd seed 0" in labels
-    assert "cold-start lopd new cold start seed 0" in labels
+    grown = [s["label"] for s in waiting["stages"]]
+    assert "collect era 1 by grpo seed 0" in grown and "collect era 1 by lopd seed 0" in grown
+    assert "cold-start lopd new cold start seed 0" in [s["label"] for s in summary["stages"]]
     client = MlflowClient(f"sqlite:///{run_dir}/mlflow.db")
     runs = client.search_runs(client.get_experiment_by_name("lopd").experiment_id,
                               f"tags.stage = 'train' and tags.suite = '{SUITE}-era1'")  # fmt: skip
@@ -72,7 +83,7 @@ def test_students_collect_into_the_shared_bank_and_every_arm_retrains_from_its_o
 def test_a_rerun_is_cached_and_keeps_era_0(shifted):
     from flows.era import lopd_era_shift
 
-    run_dir, first = shifted
+    run_dir, first, _ = shifted
     again = lopd_era_shift(config=config(run_dir), overrides=(), era=1)
     assert [s["label"] for s in again["stages"] if not s["cached"]] == []
     assert again["era"] == first["era"]
