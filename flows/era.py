@@ -42,13 +42,14 @@ from components.artifacts import ArtifactStore
 from components.common import StageResult
 from components.tracking import Tag, Tracker
 from flows.config import PipelineConfig, Preset, preset_config, with_overrides
-from flows.lifecycle import STOP, RunDirLock, stop_stages_on_sigterm
+from flows.lifecycle import RunDirLock, stop_stages_on_sigterm
 from flows.pipeline import (
     Grid,
     Outcome,
     _report_dir,
     _run,
     close_pipeline_run,
+    closing,
     lopd_pipeline,
     open_pipeline_run,
     record_trained,
@@ -144,6 +145,11 @@ def lopd_era_shift(
     with stop_stages_on_sigterm():
         state_path = cfg.resolved_run_dir() / f"era{era}" / STATE_FILE
         state = json.loads(state_path.read_text()) if state_path.exists() else {}
+        if "era0" in state:  # a resumed era shift: the same arms and seeds, or its saved students do not fit
+            saved = (state["era0"]["arms"], sorted({_key(k)[1] for k in state["era0"]["trained"]}))
+            if saved != (dict(cfg.arms()), sorted(cfg.seeds)):
+                raise ValueError(f"{state_path} holds an era shift of arms {saved[0]} and seeds {saved[1]}, not "
+                                 f"{dict(cfg.arms())} and {cfg.seeds}: use another run_dir for these")  # fmt: skip
         if "era0" not in state:
             lopd_pipeline.with_options(flow_run_name="era 0")(config=cfg)
         return _era_shift(cfg, cfg1, era, state, state_path, retrain_now)
@@ -185,7 +191,7 @@ def _era_shift(
             outcomes.extend(done)
             return done
 
-        try:
+        with closing(close_pipeline_run, cfg1, pipe, outcomes):
             if "era0" not in state:  # the era-0 pipeline just ran: its stages come from the cache
                 state["era0"] = _grid_json(train_grid(cfg, common_fields(cfg, pipe, tags), run))
                 _save(state_path, state)
@@ -196,7 +202,6 @@ def _era_shift(
             datasets = {_key(k): ArtifactRef.from_dict(v) for k, v in state["grown"]["datasets"].items()}
             bank = StageResult.model_validate(state["grown"]["bank"])
             if not retrain_now:
-                close_pipeline_run(cfg1, pipe, outcomes, "FINISHED")
                 logger.info("era %d: the bank grew to v%d; the re-train waits for bank-watch and lopd-retrain", era,
                             int(bank.metrics["version"]))  # fmt: skip
                 return {"status": "waiting", "bank_version": int(bank.metrics["version"]), "mlflow_run_id": pipe,
@@ -226,14 +231,6 @@ def _era_shift(
             record_trained(cfg1, bank, pipe, flow_run_id)  # bank-watch measures growth from the grown bank now
             state["done"] = True
             _save(state_path, state)
-        except BaseException as exc:
-            status = "FAILED" if isinstance(exc, Exception) and not STOP.is_set() else "KILLED"
-            try:
-                close_pipeline_run(cfg1, pipe, outcomes, status)
-            except Exception as exc:  # keep the stage's own error
-                logger.warning("could not close the MLflow pipeline run %s: %s", pipe, exc)
-            raise
-        close_pipeline_run(cfg1, pipe, outcomes, "FINISHED")
         logger.info("era %d re-train done: %s", era, out_dir / "era.md")
         return {
             "report": str(out_dir / "era.md"),

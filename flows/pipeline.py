@@ -16,7 +16,9 @@ flow run id and URL; the flow run gets a markdown report, a table of the evaluat
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -129,6 +131,22 @@ def close_pipeline_run(cfg: PipelineConfig, run_id: str, outcomes: list[Outcome]
     tracker.end_run(run_id, status)
 
 
+@contextlib.contextmanager
+def closing(close: Any, cfg: PipelineConfig, pipe: str, outcomes: list[Outcome]) -> Iterator[None]:
+    """Close the MLflow pipeline run when the block ends: FINISHED, FAILED on an error, KILLED when stopped (a
+    failure to close is logged, never raised over the stage's own error)."""
+    try:
+        yield
+    except BaseException as exc:
+        status = "FAILED" if isinstance(exc, Exception) and not STOP.is_set() else "KILLED"  # stopped: KILLED
+        try:
+            close(cfg, pipe, outcomes, status)
+        except Exception as exc:  # keep the stage's own error
+            get_run_logger().warning("could not close the MLflow pipeline run %s: %s", pipe, exc)
+        raise
+    close(cfg, pipe, outcomes, "FINISHED")
+
+
 # ---------------------------------------------------------------------------------------------- running stages
 
 
@@ -223,7 +241,7 @@ def _pipeline(cfg: PipelineConfig) -> dict[str, Any]:
             outcomes.extend(done)
             return done
 
-        try:
+        with closing(close, cfg, pipe, outcomes):
             grid = train_grid(cfg, common, run)
             warm, oracle, b, dataset = grid.warm, grid.oracle, grid.bank, grid.dataset
             arms, trained = grid.arms, list(grid.trained.values())
@@ -256,14 +274,6 @@ def _pipeline(cfg: PipelineConfig) -> dict[str, Any]:
             (r,) = run([("report", "report", report)])
             summary = publish(cfg, pipe, r, outcomes, flow_run_id, flow_run_url)
             record_trained(cfg, b.result, pipe, flow_run_id)
-        except BaseException as exc:
-            status = "FAILED" if isinstance(exc, Exception) and not STOP.is_set() else "KILLED"  # stopped: KILLED
-            try:
-                close(cfg, pipe, outcomes, status)
-            except Exception as exc:  # keep the stage's own error
-                logger.warning("could not close the MLflow pipeline run %s: %s", pipe, exc)
-            raise
-        close(cfg, pipe, outcomes, "FINISHED")
         cached = sum(o.cached for o in outcomes)
         logger.info(
             "pipeline done: %d stages, %d from the cache; report at %s", len(outcomes), cached, summary["report"]

@@ -87,3 +87,5 @@ def test_a_rerun_is_cached_and_keeps_era_0(shifted):
     again = lopd_era_shift(config=config(run_dir), overrides=(), era=1)
     assert [s["label"] for s in again["stages"] if not s["cached"]] == []
     assert again["era"] == first["era"]
+    with pytest.raises(ValueError, match="holds an era shift of arms"):  # its saved students are not these arms'
+        lopd_era_shift(config=config(run_dir), overrides=("methods=[grpo]",), era=1)
