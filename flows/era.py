@@ -219,7 +219,7 @@ def _era_shift(
             )
             (r,) = run([("report", "report", report)])
             out_dir = cfg.resolved_run_dir() / f"era{era}"
-            text, data = era_report(cfg1, era, zero, evaluated, out_dir)
+            text, data = era_report(cfg1, era, zero, evaluated, out_dir, retrained)
             tracker = Tracker.open(
                 cfg1.suite,
                 run_dir=cfg1.resolved_run_dir(),
@@ -400,12 +400,75 @@ def era_tables(
     return out
 
 
+def shifted_reward(records: list[dict[str, Any]], shifted: set[str]) -> float | None:
+    """The mean training reward of the rollouts on the shifted environments over these steps (None: none there)."""
+    total = sum(r for rec in records for env, (r, _) in rec["envs"].items() if env in shifted)
+    n = sum(n for rec in records for env, (_, n) in rec["envs"].items() if env in shifted)
+    return total / n if n else None
+
+
+def recovery(before: list[dict[str, Any]], after: list[dict[str, Any]], shifted: set[str]) -> dict[str, Any]:
+    """Generations a re-train needs to recover the era-0 level on the shifted environments: the target is the era-0
+    run's training reward there over its last quarter of steps; the re-train recovers at the first step whose
+    trailing window (a quarter of its steps) reaches it. `before`, `after`: the runs' per-step env rewards."""
+    target = shifted_reward(before[-max(1, len(before) // 4) :], shifted) if before else None
+    window = max(1, len(after) // 4)
+    out = {"target": target, "budget": after[-1]["generations_total"] if after else None, "generations": None}
+    if target is None:
+        return out
+    for i in range(window - 1, len(after)):
+        level = shifted_reward(after[i - window + 1 : i + 1], shifted)
+        if level is not None and level >= target:
+            out["generations"] = after[i]["generations_total"]
+            break
+    return out
+
+
+def _env_rewards(store: ArtifactStore, train: StageResult) -> list[dict[str, Any]]:
+    """A train run's per-step environment rewards, from its final checkpoint ([] for a run from before they were
+    kept)."""
+    state = json.loads((Path(store.get(train.artifacts["checkpoint"])) / "state.json").read_text())
+    return state.get("env_rewards", [])
+
+
+def recovery_table(
+    store: ArtifactStore, zero: EraZero, retrained: dict[tuple[str, int], Outcome], shifted: set[str]
+) -> dict[str, dict[str, Any]]:
+    """Per re-trained arm: `recovery` of every seed."""
+    out: dict[str, dict[str, Any]] = {}
+    for (label, s), o in retrained.items():
+        arm = label.removesuffix(f" {NEW_COLD_START}")
+        before = _env_rewards(store, zero.student(arm, s))
+        out.setdefault(label, {})[s] = recovery(before, _env_rewards(store, o.result), shifted)
+    return out
+
+
+def _recovery_rows(table: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
+    rows = ["| arm | seeds that recovered | generations to recover (median of those) | era-0 level (training "
+            "reward on shifted) | budget |", "|---|---|---|---|---|"]  # fmt: skip
+    for label, seeds in table.items():
+        reached = [r["generations"] for r in seeds.values() if r["generations"] is not None]
+        targets = [r["target"] for r in seeds.values() if r["target"] is not None]
+        budget = max((r["budget"] or 0) for r in seeds.values())
+        if not targets:
+            rows.append(
+                f"| {label} | – | – | – (no era-0 rollout rewards kept on the shifted environments) | {budget} |"
+            )
+            continue
+        median = statistics.median(reached) if reached else "–"
+        rows.append(
+            f"| {label} | {len(reached)} of {len(seeds)} | {median} | {statistics.fmean(targets):.3f} | {budget} |"
+        )
+    return rows
+
+
 def era_report(
     cfg1: PipelineConfig,
     era: int,
     zero: EraZero,
     evaluated: dict[tuple[str, str, int | None], Outcome],
     out_dir: Path,
+    retrained: dict[tuple[str, int], Outcome] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     from lopd_core.envs.toolworld.rules import parse_rules_name
 
@@ -441,6 +504,15 @@ def era_report(
                 cells += [_est(c["reward"]), _est(c["rule_pass"]), _signed(vs["cluster"]) if vs else "–"]
             parts.append(f"| {name} | " + " | ".join(cells) + " |")
         parts.append("")
+    if retrained:
+        table = recovery_table(store, zero, retrained, shifted)
+        data["recovery"] = table
+        parts.append("## Recovery on the shifted environments (training rollouts)\n")
+        parts.append(
+            "The era-0 level: each era-0 run's training reward on the shifted environments over its last quarter of "
+            "steps. A re-train recovers at the first step whose trailing quarter reaches it.\n"
+        )
+        parts += [*_recovery_rows(table), ""]
     text = "\n".join(parts)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "era.md").write_text(text)

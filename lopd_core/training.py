@@ -106,6 +106,9 @@ def train_loop(
         raise ValueError(f"schedule.tasks_per_step={sampler.batch_size} (of {len(by_id)} tasks) is below the world "
                          f"size {world.world_size}: every rank needs at least one task per step")  # fmt: skip
     generations, history = 0, []
+    # per step: the reward sum and count of each environment's rollouts, over every rank (env_rewards: the era shift
+    # reads how fast the environments whose rules changed recover; flows/era.py)
+    envs, env_rewards = sorted({t.env_id for t in tasks}), []
     last = Path(checkpoint_dir) / "last" if checkpoint_dir else None
     if last is not None and (last / "state.json").exists():
         state = load_checkpoint(last, step.models, step.optimizer, world.rank, world.world_size)
@@ -113,6 +116,7 @@ def train_loop(
         step.objective.load_state_dict(state["objective"])
         sampler.load_state_dict(state["sampler"])
         generations, history = state["generations"], state["history"]
+        env_rewards = state.get("env_rewards", [])  # a checkpoint from before they were kept: from here on
 
     start = step.step_index
     end = schedule.steps if stop_after is None else min(schedule.steps, start + stop_after)
@@ -127,6 +131,9 @@ def train_loop(
         generations += int(metrics["generations"])
         metrics["generations_total"] = float(generations)
         history.append({k: float(v) for k, v in metrics.items()} | {"step": index})
+        env_rewards.append(
+            {"step": index, "generations_total": generations, "envs": per_env(trajectories, envs, world)}
+        )
         steps.set_postfix(progress_fields(metrics, generations), refresh=False)
         done = index + 1
         if last is not None and (done % schedule.checkpoint_every == 0 or done == schedule.steps):
@@ -138,6 +145,7 @@ def train_loop(
                 "sampler": sampler.state_dict(),
                 "generations": generations,
                 "history": history,
+                "env_rewards": env_rewards,
                 "method": step.cfg.method,
                 "config": step.cfg.model_dump(mode="json"),
                 **(extra_state or {}),
@@ -156,4 +164,15 @@ def train_loop(
                 save_checkpoint(last, step.models, step.optimizer, state)
             if on_checkpoint is not None:
                 on_checkpoint(last, done)
-    return {"steps_done": step.step_index, "generations": generations, "history": history}
+    return {"steps_done": step.step_index, "generations": generations, "history": history, "env_rewards": env_rewards}
+
+
+def per_env(trajectories: Sequence[Trajectory], envs: Sequence[str], world: Any) -> dict[str, list[float]]:
+    """env -> [reward sum, rollouts] of one step's usable rollouts, summed over ranks (every rank sends every env)."""
+    sums = {f"{e}\t{k}": 0.0 for e in envs for k in ("sum", "n")}
+    for t in trajectories:
+        if not t.failed and f"{t.env_id}\tn" in sums:
+            sums[f"{t.env_id}\tsum"] += t.reward
+            sums[f"{t.env_id}\tn"] += 1.0
+    sums = world.sum_floats(sums)
+    return {e: [sums[f"{e}\tsum"], sums[f"{e}\tn"]] for e in envs if sums[f"{e}\tn"]}

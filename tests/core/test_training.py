@@ -82,6 +82,13 @@ def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path):
     assert resumed["steps_done"] == 4
     assert strip(resumed["history"]) == strip(full["history"])
     assert full["generations"] == 16 and [r["beta"] for r in full["history"]][-1] >= 0
+    # each step's reward per environment (kept in the checkpoint): its sums are the step's mean reward x rollouts
+    assert resumed["env_rewards"] == full["env_rewards"] and len(full["env_rewards"]) == 4
+    for row, rec in zip(full["history"], full["env_rewards"], strict=True):
+        assert rec["step"] == row["step"] and rec["generations_total"] == row["generations_total"]
+        assert sum(n for _, n in rec["envs"].values()) == 4
+        assert sum(r for r, _ in rec["envs"].values()) == pytest.approx(4 * row["reward_mean"])
+        assert set(rec["envs"]) <= {t.env_id for t in TASKS}
 
 
 def test_full_fine_tuning_with_tied_embeddings_resumes_exactly(tmp_path):
@@ -130,3 +137,14 @@ def test_the_step_bar_shows_reward_margin_beta_and_generations():
     metrics = {"reward_mean": 0.5, "margin": 0.0123, "beta": 1.25, "loss": 3.0}
     assert progress_fields(metrics, 64) == {"reward": "0.500", "margin": "0.012", "β": "1.250", "gen": "64"}
     assert progress_fields({"reward_mean": 1.0}, 8) == {"reward": "1.000", "gen": "8"}  # a baseline: no margin or β
+
+
+def test_per_env_sums_each_environments_usable_rollouts():
+    from lopd_core.distributed import current_world
+    from lopd_core.training import per_env
+
+    def traj(env, reward, failed=False):
+        return Trajectory("t", env, "x", [Message("user", "x")], reward=reward, failed=failed)
+
+    batch = [traj("A", 1.0), traj("A", 0.5), traj("B", 0.0), traj("B", 1.0, failed=True), traj("Z", 1.0)]
+    assert per_env(batch, ["A", "B", "C"], current_world()) == {"A": [1.5, 2.0], "B": [0.0, 1.0]}

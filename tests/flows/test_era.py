@@ -78,6 +78,11 @@ def test_students_collect_into_the_shared_bank_and_every_arm_retrains_from_its_o
     assert after["shifted"]["n_tasks"] + after["unshifted"]["n_tasks"] == 16
     assert "vs_era0_student" in after["shifted"] and "vs_era0_student" not in rows["lopd (before)"]["shifted"]
     assert "| lopd new cold start (after) |" in Path(summary["report"]).read_text()
+    recovered = era["recovery"]  # every re-trained run against its era-0 run's level on the shifted environments
+    assert set(recovered) == {"grpo", "lopd", "lopd new cold start"}
+    assert all(set(r) == {"target", "budget", "generations"} and r["budget"] > 0
+               for seeds in recovered.values() for r in seeds.values())  # fmt: skip
+    assert "## Recovery on the shifted environments" in Path(summary["report"]).read_text()
 
 
 def test_a_rerun_is_cached_and_keeps_era_0(shifted):
