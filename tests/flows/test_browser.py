@@ -8,7 +8,8 @@ is moved into the test's folder), on a process worker: it must finish in minutes
 * the LOPD train run's charts: the margin and the margin target m (search "margin");
 * the pipeline run's arms.json renders as a table, a row per arm;
 * Prefect: every deployment listed under a unique name, the automation card naming the re-training deployment,
-  and the default deployment's run form: the preset first, "tiny" chosen.
+  the default deployment's run form (the preset first, "tiny" chosen) and the era shift's (study-rules chosen, the
+  era and whether to re-train at once).
 
 Screenshots go to $LOPD_SCREENSHOTS (default test-output/browser/ in the repository, not committed) for a reviewer.
 """
@@ -111,6 +112,11 @@ def test_a_researcher_sees_scores_curves_presets_and_unique_deployments(page, tm
         preset = form[labels[0] : labels[1]]
         assert "\ntiny\n" in preset and "demo" in preset, form[:1500]  # tiny chosen; the others described
         assert "Property is type" not in form[: labels[2]], form[:1500]  # no None tab before the config
+        # the era shift's run form (issue 43): the study-rules preset chosen, the era and when to re-train
+        era = next(d for d in deployments if d["name"] == "era-shift-on-this-machine")
+        text = look(page, f"{ui}/deployments/deployment/{era['id']}/run", "prefect-era-shift-form.png", "retrain_now")
+        form = text.split("Parameters", 1)[1]
+        assert "\nstudy-rules\n" in form and "era (Optional)" in form and "retrain_now (Optional)" in form, form[:1500]
 
     # MLflow: the run's store in the MLflow UI
     uri = f"sqlite:///{run_dir / 'mlflow.db'}"

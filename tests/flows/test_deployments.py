@@ -25,7 +25,7 @@ EXPECTED = {
     "lopd-pipeline/pipeline-on-this-machine": "lopd-process",
     "lopd-pipeline/pipeline-on-kubernetes": "lopd-gpu",
     "lopd-study/study-on-this-machine": "lopd-process",
-    "lopd-era-shift/era-shift": "lopd-process",
+    "lopd-era-shift/era-shift-on-this-machine": "lopd-process",
     "lopd-stage/sft-gpu-pod": "lopd-gpu",
     "lopd-stage/collect-gpu-pod": "lopd-gpu",
     "lopd-stage/cold-start-gpu-pod": "lopd-gpu",
