@@ -55,7 +55,7 @@ BenchmarkName = Literal[
 ]
 BENCHMARK_NAMES: tuple[str, ...] = BenchmarkName.__args__
 # toolworld-rules, the positive control (lopd_core.envs.toolworld.rules): its seed and k in the name
-RulesBenchmark = Annotated[str, Field(pattern=r"^toolworld-rules(-s\d+)?(-k\d+)?(-digits)?$")]
+RulesBenchmark = Annotated[str, Field(pattern=r"^toolworld-rules(-s\d+)?(-k\d+)?(-digits)?(-era[1-9]\d*)?$")]
 FILE_BENCHMARKS = ("humaneval_plus", "mbpp_plus", "livecodebench", "envscaler")
 KIND = {
     "toolworld": "agent", "toolworld-compact": "agent", "toolworld-minimal": "agent", "envscaler": "agent",

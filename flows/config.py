@@ -440,11 +440,10 @@ class PipelineConfig(Model):
         if self.budget is None:
             raise ValueError("the era shift re-trains every arm at an equal generation budget: set budget (e.g. 800)")
         suite = rules_suite_name(rules.seed, rules.k, rules.style, era)
-        benchmarks = [b.model_copy(update={"name": suite}) if b.name == self.suite else b
-                      for b in self.evaluate.benchmarks]  # fmt: skip
-        return self.model_copy(update={
-            "suite": suite, "draws": None, "evaluate": self.evaluate.model_copy(update={"benchmarks": benchmarks}),
-        })  # fmt: skip
+        data = self.model_dump(mode="json")
+        data["evaluate"]["benchmarks"] = [{**b, "name": suite} if b["name"] == self.suite else b
+                                          for b in data["evaluate"]["benchmarks"]]  # fmt: skip
+        return PipelineConfig.model_validate({**data, "suite": suite, "draws": None})  # validated: what a stage reads
 
     def method_config(self, method: str, seed: int) -> LOPDConfig:
         """The method's LOPDConfig for `seed` (with the method's overrides; used for arms named by a method)."""

@@ -23,3 +23,17 @@ def test_no_recovery_and_no_target():
     assert recovery(before, steps([0, 1, 1, 1]), {"S"})["generations"] is None
     assert recovery([], steps([2, 2]), {"S"}) == {"target": None, "budget": 32, "generations": None}
     assert recovery(before, steps([2, 2]), {"X"})["target"] is None  # no rollout on the shifted environments
+
+
+def test_the_new_era_config_validates_like_one_read_from_a_file():
+    """`for_era` renames the suite and the benchmarks that score it, and the result validates as a stage reads it
+    (a subprocess stage validates its spec from JSON: the benchmark name pattern must take `-era<n>`)."""
+    from components.evaluate import EvaluateSpec
+    from flows.config import PipelineConfig, preset_config
+    from flows.era import ERA_SHIFT
+
+    cfg1 = preset_config("study-rules", list(ERA_SHIFT)).for_era(1)
+    assert cfg1.suite == "toolworld-rules-s1-digits-era1"
+    assert {b.name for b in cfg1.evaluate.benchmarks} == {"toolworld-rules-s1-digits-era1"}
+    assert PipelineConfig.model_validate(cfg1.model_dump(mode="json")) == cfg1
+    EvaluateSpec.model_validate({"benchmarks": [b.model_dump(mode="json") for b in cfg1.evaluate.benchmarks]})
