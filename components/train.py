@@ -64,6 +64,10 @@ class TrainSpec(StageSpec):
     # start the student from a trained run's student (its train checkpoint; the weights only, not the optimizer,
     # composer or teacher): a re-train of a trained student on new rules or a grown bank (flows/era.py)
     init_student: ArtifactRef | None = None
+    # the text teachers' solutions (OPSD, SDFT): the dataset's verified successes, and for a task without one the
+    # suite's reference solution replayed (true) or nothing: that task gives no distillation signal (false; the era
+    # shift's re-train, where the reference would hand the teacher the new rules)
+    reference_solutions: bool = True
     threads: int = Field(1, ge=1)
     # data-parallel ranks on this node (one per GPU): > 1 runs the stage under `torchrun --nproc-per-node nproc`
     # (lopd_core.distributed); a stage already started by torchrun (a PyTorchJob pod) uses torchrun's world
@@ -213,7 +217,8 @@ def _set_up(spec: TrainSpec) -> _Setup:
     dataset = read_trajectories(store.get(spec.dataset))
     solved = {t.task_id for t in dataset if t.reward >= 1.0 and not t.failed and t.trace}
     # the text teachers' solutions where the model never solved a task: its reference solution, replayed (a trace)
-    unsolved = [t for t in tasks if t.task_id not in solved] if "solutions" in METHOD_RULES[cfg.method].needs else []
+    reads = "solutions" in METHOD_RULES[cfg.method].needs and spec.reference_solutions
+    unsolved = [t for t in tasks if t.task_id not in solved] if reads else []
     solutions = skills.solutions(dataset, reference_traces(suite, unsolved))
     notes = skills.skill_notes(dataset)
 

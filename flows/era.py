@@ -14,8 +14,9 @@ The scenario, on a toolworld-rules suite (docs/study.md, "Re-training as the ban
 4. **The re-train**, every arm from its own era-0 student (`TrainSpec.init_student`), at the config's budget, on
    the new era with the grown bank: each method as configured (LOPD with its era-0 cold start: no new cold start,
    no new labels) and, for every arm whose teacher reads the bank, `<arm> new cold start` (a cold start on the
-   grown bank). OPSD's solutions are its student's verified successes of the new era, and the suite's reference
-   solution (which obeys the new rules) where its student solved none.
+   grown bank). OPSD's solutions are its student's verified successes of the new era only
+   (`TrainSpec.reference_solutions` off): the suite's reference solution would hand its teacher the new rules for
+   every task.
 5. **The verdict** on the new era's held-out tasks, split into the environments whose code moved (shifted) and the
    rest: reward and rule pass per arm; each re-trained arm against its era-0 student on the same tasks (on shifted
    environments what the re-train recovered, on the rest what it forgot), with the environment-clustered bootstrap
@@ -298,9 +299,10 @@ def retrain(
     calls = []
     for label, arm, s, composer in plan:
         spec = train_spec(cfg1, common, arm, s, datasets[(arm, s)], snapshot, composer, warm)
-        spec = spec.model_copy(
-            update={"init_student": zero.student(arm, s).artifacts["checkpoint"], "tags": {**spec.tags, ARM_TAG: label}}
-        )
+        spec = spec.model_copy(  # OPSD's solutions: the new era's verified successes only (no reference solution)
+            update={"init_student": zero.student(arm, s).artifacts["checkpoint"], "reference_solutions": False,
+                    "tags": {**spec.tags, ARM_TAG: label}}
+        )  # fmt: skip
         calls.append(("train", f"train {label} seed {s} (era {cfg1.suite})", spec))
     trained = run(calls)
     return {(label, s): o for (label, _, s, _), o in zip(plan, trained, strict=True)}

@@ -336,3 +336,16 @@ def test_grpo_policy_temperature_defaults_to_the_rollouts():
     assert greedy.method_config().baseline.policy_temperature == 1.0  # greedy rollouts: the raw logits
     fixed = grpo.model_copy(update={"baseline": grpo.baseline.model_copy(update={"policy_temperature": 1.3})})
     assert spec.model_copy(update={"lopd": fixed}).method_config().baseline.policy_temperature == 1.3
+
+
+def test_text_teacher_solutions_without_the_reference_fallback(chain):
+    """`reference_solutions`: OPSD's teacher reads the dataset's verified successes and, by default, the suite's
+    reference solution for every other task; off, only the successes (the tiny model has none: no solution)."""
+    from components.train import _set_up
+
+    spec = chain["spec"].model_copy(update={"lopd": chain["spec"].lopd.model_copy(update={"method": "opsd"}),
+                                            "bank_snapshot": None, "composer": None, "resume": False,
+                                            "run_dir": str(Path(chain["run_dir"]) / "opsd-solutions")})  # fmt: skip
+    with_reference = _set_up(spec).solutions
+    assert with_reference and {source for _, source in with_reference.values()} == {"reference"}
+    assert _set_up(spec.model_copy(update={"reference_solutions": False})).solutions == {}
