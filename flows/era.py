@@ -77,18 +77,6 @@ def _save(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2))
 
 
-def _grid_json(grid: Grid) -> dict[str, Any]:
-    ref = lambda r: r.to_dict() if r is not None else None  # noqa: E731
-    return {
-        "warm": ref(grid.warm),
-        "dataset": grid.dataset.to_dict(),
-        "bank": grid.bank.result.model_dump(mode="json"),
-        "arms": grid.arms,
-        "composers": {f"{a}|{s}": c.to_dict() for (a, s), c in grid.composers.items()},
-        "trained": {f"{a}|{s}": o.result.model_dump(mode="json") for (a, s), o in grid.trained.items()},
-    }
-
-
 def _key(text: str) -> tuple[str, int]:
     arm, seed = text.rsplit("|", 1)
     return arm, int(seed)
@@ -110,6 +98,17 @@ class EraZero(BaseModel):
     def composer(self, arm: str, seed: int) -> ArtifactRef | None:
         ref = self.composers.get(f"{arm}|{seed}")
         return ArtifactRef.from_dict(ref) if ref else None
+
+    @classmethod
+    def of(cls, grid: Grid) -> EraZero:
+        return cls(
+            warm=grid.warm.to_dict() if grid.warm else None,
+            dataset=grid.dataset.to_dict(),
+            bank=grid.bank.result,
+            arms=grid.arms,
+            composers={f"{a}|{s}": c.to_dict() for (a, s), c in grid.composers.items()},
+            trained={f"{a}|{s}": o.result for (a, s), o in grid.trained.items()},
+        )
 
     @property
     def warm_ref(self) -> ArtifactRef | None:
@@ -194,7 +193,7 @@ def _era_shift(
 
         with closing(close_pipeline_run, cfg1, pipe, outcomes):
             if "era0" not in state:  # the era-0 pipeline just ran: its stages come from the cache
-                state["era0"] = _grid_json(train_grid(cfg, common_fields(cfg, pipe, tags), run))
+                state["era0"] = EraZero.of(train_grid(cfg, common_fields(cfg, pipe, tags), run)).model_dump(mode="json")
                 _save(state_path, state)
             zero = EraZero.model_validate(state["era0"])
             if "grown" not in state:

@@ -115,14 +115,21 @@ def load_model_tensors(models: LOPDModels, tensors: dict[str, torch.Tensor], stu
         given = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
         module.load_state_dict({k: shard_like(v, current[k]) if k in current else v for k, v in given.items()})
     if models.student is not models.backbone and student:
-        current = models.student.state_dict()
-        student = {k.removeprefix("student."): v for k, v in tensors.items() if k.startswith("student.")}
-        student = {k: shard_like(v, current[k]) if k in current else v for k, v in student.items()}
-        tied = set(current) - set(_untied(current))
-        missing, unexpected = models.student.load_state_dict(student, strict=False)
-        if unexpected or set(missing) - tied:
-            raise ValueError(f"student weights do not fit: missing {sorted(set(missing) - tied)[:3]}, "
-                             f"unexpected {unexpected[:3]}")  # fmt: skip
+        _load_full_student(
+            models, {k.removeprefix("student."): v for k, v in tensors.items() if k.startswith("student.")}
+        )
+
+
+def _load_full_student(models: LOPDModels, given: dict[str, torch.Tensor]) -> None:
+    """A fully fine-tuned student's weights (`student.*` without the prefix), each laid out as its parameter is."""
+    current = models.student.state_dict()
+    tied = set(current) - set(_untied(current))
+    missing, unexpected = models.student.load_state_dict(
+        {k: shard_like(v, current[k]) if k in current else v for k, v in given.items()}, strict=False
+    )
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"student weights do not fit: missing {sorted(set(missing) - tied)[:3]}, "
+                         f"unexpected {unexpected[:3]}")  # fmt: skip
 
 
 def load_student_weights(models: LOPDModels, tensors: dict[str, torch.Tensor]) -> int:
@@ -143,18 +150,11 @@ def load_student_weights(models: LOPDModels, tensors: dict[str, torch.Tensor]) -
             for name, value in given.items():
                 params[name].copy_(shard_like(value, params[name]))
         return len(given)
-    current = models.student.state_dict()
     given = {k.removeprefix("student."): v for k, v in tensors.items() if k.startswith("student.")}
     if not given:
         raise ValueError("the checkpoint holds no fully fine-tuned student (student.*): a LoRA student starts only a "
                          "student_mode=lora run")  # fmt: skip
-    tied = set(current) - set(_untied(current))
-    missing, unexpected = models.student.load_state_dict(
-        {k: shard_like(v, current[k]) if k in current else v for k, v in given.items()}, strict=False
-    )
-    if unexpected or set(missing) - tied:
-        raise ValueError(f"student weights do not fit: missing {sorted(set(missing) - tied)[:3]}, "
-                         f"unexpected {unexpected[:3]}")  # fmt: skip
+    _load_full_student(models, given)
     return len(given)
 
 
